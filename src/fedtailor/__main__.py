@@ -1,0 +1,5 @@
+import sys
+
+from fedtailor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,44 @@
+"""The ``fedtailor`` command line. Each area registers its own subcommands from one small module."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Modules under fedtailor.cli that define ``register(subparsers)``; each adds its subcommands.
+_COMMAND_MODULES = ("run", "datasets", "privacy", "codec")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedtailor",
+        description="Private and personalized federated learning (compact adaptation, LRSUQ, pFedDPO, FedLAG).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"fedtailor.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as err:  # user errors: one clear line, no traceback
+        if args.verbose:
+            raise
+        print(f"fedtailor {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""``fedtailor run CONFIG`` and ``fedtailor report RUN_DIR``."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import resources
+from pathlib import Path
+
+
+def default_config() -> Path:
+    """The embedded default config (the quick-start job)."""
+    return Path(str(resources.files("fedtailor") / "configs" / "quickstart.toml"))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fedtailor.config import load_config
+    from fedtailor.report import report
+    from fedtailor.runner import run_experiment
+
+    cfg = load_config(args.config or default_config(), args.set or [])
+    out = run_experiment(cfg, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after)
+    print(report(out, plots=not args.no_plots))
+    print(f"\nrun directory: {out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from fedtailor.report import report
+
+    print(report(args.run_dir, plots=not args.no_plots))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run an experiment from a TOML/YAML config",
+                       description="Run a federated experiment. Without CONFIG, runs the embedded quick-start config.")
+    p.add_argument("config", nargs="?", help="config file (TOML or YAML); default: the embedded quick start")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. --set federation.rounds=20")
+    p.add_argument("--out", type=Path, help="run directory (default: OUT_DIR/NAME-seedSEED)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
+    p.add_argument("--stop-after", type=int, metavar="N", help="stop after N rounds (resume later with --resume)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.set_defaults(func=_run)
+
+    r = sub.add_parser("report", help="print tables and write plots of a run directory")
+    r.add_argument("run_dir", type=Path)
+    r.add_argument("--no-plots", action="store_true")
+    r.set_defaults(func=_report)

@@ -1,0 +1,241 @@
+"""Typed run configuration (TOML or YAML), with validation errors that name the field and the allowed values.
+
+Layout::
+
+    seed = 41            # fixes partition, schedule, public randomness and noise
+    device = "auto"      # auto | cpu | cuda[:N]
+    [data]       dataset, partition scheme, clients, alpha, splits
+    [federation] rounds, clients per round, evaluation cadence
+    [method]     name = "compact" (default) | "fedavg", and that method's options
+
+``--set key=value`` overrides use dotted paths (``method.lr=0.05``); values are parsed as TOML literals.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    dataset: str = "mnist"
+    root: str | None = Field(None, description="folder for datasets read from a path (cifar10, fashion-mnist)")
+    scheme: Literal["dirichlet-equal", "dirichlet-per-class", "iid"] = "dirichlet-equal"
+    num_clients: int = Field(50, ge=2)
+    num_unseen: int = Field(10, ge=0)
+    alpha: float = Field(0.5, gt=0)
+    eval_fraction: float = Field(0.2, gt=0, lt=1)
+    context_size: int = Field(333, ge=1)
+    limit: int | None = Field(None, ge=100, description="use only the first N pooled records (quick runs)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.num_unseen >= self.num_clients:
+            raise ValueError(f"num_unseen ({self.num_unseen}) must be smaller than num_clients ({self.num_clients}).")
+        return self
+
+
+class FederationConfig(_Section):
+    rounds: int = Field(500, ge=1)
+    clients_per_round: int = Field(2, ge=1)
+    eval_every: int = Field(0, ge=0, description="evaluate all clients every N rounds (0: only at the end)")
+    checkpoint_every: int = Field(25, ge=1)
+
+
+class FedAvgConfig(_Section):
+    name: Literal["fedavg"] = "fedavg"
+    model: Literal["lenet", "mlp"] = "lenet"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+
+
+class PrivacyConfig(_Section):
+    """Record-level central DP of the compact-adaptation releases (SPEC section 1, "Private training")."""
+
+    epsilon: float = Field(16.0, gt=0, description="target eps; inf trains without noise (sigma = 0)")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    conversion: Literal["closed-form", "balle", "exact"] = "closed-form"
+    clip: float = Field(1.0, gt=0, description="C_g, per-record clipping norm of coefficient gradients")
+    batch_size: int = Field(333, ge=1, description="m_g, records per coefficient-gradient release")
+
+
+# Paper names (Table 1 and the geometry controls) -> settings of the four axes.
+COMPACT_VARIANTS: dict[str, dict[str, str]] = {
+    "ours-dg": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+    "ours-lrsuq": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "lrsuq"},
+    "dg-q12": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-q12"},
+    "deeplin-dg": {"generator": "deeplin", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+    "full-dg": {"generator": "factorized", "space": "full", "context": "private", "codec": "dg-fp32"},
+    "global": {"generator": "direct", "space": "full", "context": "public", "codec": "dg-fp32"},
+    "direct": {"generator": "direct", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "deeplin": {"generator": "deeplin", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "factorized": {"generator": "factorized", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "radial": {"generator": "radial", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "replay": {"generator": "replay", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "factorized-ctx": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+}
+
+
+class CompactConfig(_Section):
+    """Compact adaptation (seed 000): a_i = W h_psi(c~_i), theta_i = theta_ref + P a_i. ``variant`` names one of
+    the paper's variants and fills the four axes (generator, space, context, codec); explicit axes must agree."""
+
+    name: Literal["compact"] = "compact"
+    variant: Literal[tuple(COMPACT_VARIANTS)] | None = None  # type: ignore[valid-type]
+    generator: Literal["factorized", "deeplin", "direct", "radial", "replay"] = "factorized"
+    space: Literal["coefficient", "full"] = "coefficient"
+    context: Literal["private", "public"] = "private"
+    codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq"] = "dg-fp32"
+    model: Literal["lenet", "mlp"] = "lenet"
+    coef_dim: int = Field(16_384, ge=1, description="k, dimension of the coefficient subspace")
+    hidden_dim: int = Field(100, ge=1, description="r, hidden dimension of h_psi")
+    lr: float = Field(0.1, gt=0, description="eta, server SGD step (0.1 MNIST, 0.2 CIFAR-10 in the paper)")
+    subspace_stages: int = Field(2, ge=1, le=4)
+    replay_from: str | None = Field(None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses")
+    diagnostics: bool = Field(True, description="clients also report the realised noise norm (simulation only)")
+    privacy: PrivacyConfig = PrivacyConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_variant(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("variant") is None:
+            return data
+        preset = COMPACT_VARIANTS.get(data["variant"])
+        if preset is None:
+            return data  # the Literal check reports the allowed names
+        for axis, value in preset.items():
+            if axis in data and data[axis] != value:
+                raise ValueError(
+                    f"variant {data['variant']!r} sets {axis}={value!r} but {axis}={data[axis]!r} was given; "
+                    f"drop one of them (or set variant to none to choose every axis yourself)."
+                )
+        return {**data, **preset}
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompactConfig":
+        if self.codec in ("lrsuq", "layered", "dg-q12") and self.privacy.epsilon == float("inf"):
+            raise ValueError(f"codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use dg-fp32.")
+        if self.generator == "replay" and not self.replay_from:
+            raise ValueError("generator 'replay' needs replay_from = the run directory of a 'factorized' run.")
+        if self.space == "full" and self.codec != "dg-fp32":
+            raise ValueError("the full-space variants release dense full-model gradients: use codec dg-fp32.")
+        return self
+
+
+MethodConfig = Annotated[FedAvgConfig | CompactConfig, Field(discriminator="name")]
+DEFAULT_METHOD = "compact"
+METHOD_NAMES = ("compact", "fedavg")
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    seed: int = 41
+    device: str = "auto"
+    out_dir: str = "runs"
+    data: DataConfig = DataConfig()
+    federation: FederationConfig = FederationConfig()
+    method: MethodConfig = CompactConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        seen = self.data.num_clients - self.data.num_unseen
+        if self.federation.clients_per_round > seen:
+            raise ValueError(
+                f"federation.clients_per_round ({self.federation.clients_per_round}) exceeds the number of seen "
+                f"clients ({seen} = data.num_clients - data.num_unseen)."
+            )
+        return self
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message names each bad field and what is allowed."""
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        parts = [str(p) for p in e["loc"] if not str(p).startswith("function-after")]
+        if len(parts) > 1 and parts[0] == "method" and parts[1] in METHOD_NAMES:
+            del parts[1]  # the discriminator tag pydantic inserts
+        loc = ".".join(parts) or "(top level)"
+        if e["type"] == "union_tag_invalid":
+            ctx = e.get("ctx", {})
+            lines.append(f"{loc}.name: unknown method {ctx.get('tag')!r}; allowed: {ctx.get('expected_tags')}.")
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown field; check the spelling (see `fedtailor run --help` and configs/).")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"{loc}: {e['msg']}{got_s}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value); the value is read as a TOML literal, else as a plain string."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r} (example: --set federation.rounds=20).")
+    key, raw = item.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def _apply(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section.")
+    node[path[-1]] = value
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist.")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    elif path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path} is not valid TOML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must contain a table/mapping at the top level.")
+    return data
+
+
+def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Build a validated :class:`RunConfig` from a file (or dict, or defaults) plus ``key=value`` overrides."""
+    tree = dict(source) if isinstance(source, dict) else read_config_file(source) if source else {}
+    for item in overrides:
+        path, value = parse_override(item)
+        _apply(tree, path, value)
+    if isinstance(tree.get("method"), dict):
+        tree["method"] = {"name": DEFAULT_METHOD, **tree["method"]}
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as TOML-compatible JSON text (every default spelled out)."""
+    return json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=False)

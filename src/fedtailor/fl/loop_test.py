@@ -1,0 +1,133 @@
+"""The federated loop: resumption reproduces the uninterrupted run, hostile replies are rejected without
+touching the server state, metrics average within a client first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedtailor.data.datasets import load_dataset
+from fedtailor.data.partition import federated_partition
+from fedtailor.experiment import client_data
+from fedtailor.fl.loop import run_federated, summarize
+from fedtailor.fl.records import ClientData, InvalidMessage, Message
+from fedtailor.fl.schedule import participation_counts, uniform_schedule
+from fedtailor.methods.fedavg import FedAvg
+from fedtailor.models import build_model
+
+
+@pytest.fixture(scope="module")
+def digits_clients():
+    ds = load_dataset("digits")
+    part = federated_partition(ds.y, num_clients=6, num_unseen=1, alpha=1.0, context_size=20, seed=3)
+    return ds, part, client_data(ds, part, torch.device("cpu"))
+
+
+def _fedavg(ds, seed=3):
+    return FedAvg(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=seed),
+                  lr=0.1, local_epochs=1, batch_size=16, seed=seed, device=torch.device("cpu"))
+
+
+def _schedule(part, rounds=6, per_round=3, seed=3):
+    seen = np.asarray(part.seen)
+    return seen[uniform_schedule(num_clients=len(seen), rounds=rounds, per_round=per_round, seed=seed)]
+
+
+def _strip(history):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
+
+
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(digits_clients, tmp_path):
+    ds, part, clients = digits_clients
+    schedule = _schedule(part)
+    full = run_federated(_fedavg(ds), clients, schedule, eval_every=2, progress=False)
+    ckpt = tmp_path / "ckpt.pt"
+    first = run_federated(_fedavg(ds), clients, schedule, eval_every=2, checkpoint=ckpt, progress=False, stop_after=3)
+    assert first.state.round == 3 and ckpt.exists()
+    resumed = run_federated(_fedavg(ds), clients, schedule, eval_every=2, checkpoint=ckpt, progress=False)
+    assert resumed.state.round == 6
+    assert torch.equal(resumed.state.server.params, full.state.server.params)
+    assert _strip(resumed.history) == _strip(full.history)
+    assert resumed.evaluation == full.evaluation
+
+
+def test_checkpoint_for_another_schedule_is_refused(digits_clients, tmp_path):
+    ds, part, clients = digits_clients
+    ckpt = tmp_path / "ckpt.pt"
+    run_federated(_fedavg(ds), clients, _schedule(part), checkpoint=ckpt, progress=False, stop_after=2)
+    with pytest.raises(ValueError, match="different schedule"):
+        run_federated(_fedavg(ds), clients, _schedule(part, seed=4), checkpoint=ckpt, progress=False)
+
+
+class _Hostile(FedAvg):
+    """FedAvg whose client ``bad`` sends a malformed reply of the given kind."""
+
+    def __init__(self, *args, bad: int, kind: str, **kw):
+        super().__init__(*args, **kw)
+        self.bad, self.kind = bad, kind
+
+    def client_fit(self, msg, state, data):
+        reply, state = super().client_fit(msg, state, data)
+        if data.cid == self.bad:
+            p = reply.arrays["params"]
+            reply = {
+                "nan": Message(arrays={"params": p * float("nan")}, config=reply.config),
+                "shape": Message(arrays={"params": p[:-1]}, config=reply.config),
+                "missing": Message(arrays={}, config=reply.config),
+                "weight": Message(arrays={"params": p}, config={**reply.config, "num_examples": -5}),
+                "type": Message(arrays={"params": p}, config={**reply.config, "num_examples": "many"}),
+            }[self.kind]
+        return reply, state
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "missing", "weight", "type"])
+def test_malformed_reply_is_rejected_and_the_rest_aggregated(digits_clients, kind):
+    ds, part, clients = digits_clients
+    schedule = _schedule(part, rounds=1)
+    bad = int(schedule[0, 0])
+    honest = run_federated(_fedavg(ds), clients, schedule[:, 1:], progress=False)
+    hostile = run_federated(
+        _Hostile(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3), lr=0.1,
+                 local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), bad=bad, kind=kind),
+        clients, schedule, progress=False,
+    )
+    assert hostile.history[0]["rejected"] == 1
+    assert torch.equal(hostile.state.server.params, honest.state.server.params)
+
+
+def test_validation_helpers_name_the_problem():
+    m = Message(arrays={"x": torch.zeros(3)}, config={"n": 1.5})
+    with pytest.raises(InvalidMessage, match="shape"):
+        m.array("x", shape=(4,))
+    with pytest.raises(InvalidMessage, match="lacks array 'y'"):
+        m.array("y")
+    with pytest.raises(InvalidMessage, match="expected"):
+        m.value("n", int)
+
+
+def test_summary_averages_within_a_client_first():
+    clients = {0: ClientData(0, True), 1: ClientData(1, True), 2: ClientData(2, False)}
+    evaluation = {0: {"accuracy": 1.0, "num_examples": 1000.0}, 1: {"accuracy": 0.0, "num_examples": 10.0},
+                  2: {"accuracy": 0.25, "num_examples": 5.0}}
+    s = summarize(evaluation, clients)
+    assert s["seen/accuracy"] == pytest.approx(0.5)  # not the record-weighted 0.990
+    assert s["future/accuracy"] == pytest.approx(0.25)
+
+
+def test_schedule_is_fixed_by_the_seed_and_uniform():
+    a = uniform_schedule(num_clients=40, rounds=500, per_round=2, seed=41)
+    assert np.array_equal(a, uniform_schedule(num_clients=40, rounds=500, per_round=2, seed=41))
+    assert not np.array_equal(a, uniform_schedule(num_clients=40, rounds=500, per_round=2, seed=42))
+    assert all(len(set(r)) == 2 for r in a)
+    counts = participation_counts(a, 40)
+    assert counts.sum() == 1000
+    # Each T_i ~ Binomial(500, 1/20): mean 25, sd 4.87; all 40 within 25 +- 5 sd.
+    assert np.all(np.abs(counts - 25) < 5 * 4.87)
+
+
+def test_unknown_client_in_schedule_is_an_error(digits_clients):
+    ds, part, clients = digits_clients
+    with pytest.raises(ValueError, match="without data"):
+        run_federated(_fedavg(ds), clients, np.array([[0, 999]]), progress=False)
+

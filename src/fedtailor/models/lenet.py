@@ -1,0 +1,44 @@
+"""The LeNet-style network of the compact-adaptation paper (SPEC section 1, "Model").
+
+conv 5x5 (C -> 16) + ReLU + maxpool 2, conv 5x5 (16 -> 32) + ReLU + maxpool 2, flatten, linear -> 120, ReLU,
+linear -> 84, ReLU, linear -> classes. d_theta = 85,822 on 1x28x28 and 121,182 on 3x32x32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LeNet(nn.Module):
+    def __init__(self, *, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"LeNet needs images of at least 16x16 pixels, got {image_size}x{image_size}.")
+        self.conv1 = nn.Conv2d(in_channels, 16, 5)
+        self.conv2 = nn.Conv2d(16, 32, 5)
+        self.fc1 = nn.Linear(32 * side * side, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(x.flatten(1)))
+        x = torch.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class MLP(nn.Module):
+    """A small two-hidden-layer perceptron for tiny inputs (e.g. 8x8 digits)."""
+
+    def __init__(self, *, in_features: int, num_classes: int = 10, hidden: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(x.flatten(1)))
+        return self.fc3(torch.relu(self.fc2(x)))

@@ -1,0 +1,114 @@
+"""Tables and plots of a run directory (``fedtailor report RUN_DIR``) and of several seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run_dir = Path(run_dir)
+    results_path = run_dir / "results.json"
+    if not results_path.exists():
+        raise FileNotFoundError(f"{run_dir} has no results.json; is it a finished `fedtailor run` directory?")
+    results = json.loads(results_path.read_text())
+    metrics_path = run_dir / "metrics.jsonl"
+    history = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()] if metrics_path.exists() else []
+    return results, history
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """A plain-text table with right-aligned numbers."""
+    if not rows:
+        return "(empty)"
+    columns = columns or list(rows[0])
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4f}"
+        return str(v)
+
+    body = [[cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(columns)]
+    line = "  ".join(c.rjust(w) for c, w in zip(columns, widths))
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line, sep] + ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body])
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    s = results["summary"]
+    lines = [f"run {results['name']}: method {results['method']} on {results['dataset']}, seed {results['seed']}, "
+             f"{results['rounds_completed']}/{results['rounds']} rounds, {results['wall_seconds']:.1f} s"]
+    for group, label in (("seen", "Seen"), ("future", "Future")):
+        if f"{group}/accuracy" in s:
+            n = sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
+            lines.append(f"  {label:6s} accuracy {100 * s[f'{group}/accuracy']:.2f}% (mean over {n} clients)")
+    for k, v in results.get("method_summary", {}).items():
+        if isinstance(v, (int, float, str)):
+            lines.append(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}")
+    return lines
+
+
+def plot_run(results: dict[str, Any], history: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+    """learning_curves.png (loss and accuracies over rounds) and per_client_accuracy.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    paths = []
+    series = sorted({k for r in history for k, v in r.items() if isinstance(v, (int, float)) and
+                     (k == "loss" or k.endswith("accuracy"))})
+    if history and series:
+        fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.4), squeeze=False)
+        for ax, key in zip(axes[0], series):
+            pts = [(r["round"], r[key]) for r in history if key in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 60 else None)
+            ax.set_xlabel("round")
+            ax.set_title(key)
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"{results['method']} on {results['dataset']} (seed {results['seed']})")
+        fig.tight_layout()
+        paths.append(out_dir / "learning_curves.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    clients = results["per_client"]
+    if clients and "accuracy" in clients[0]:
+        fig, ax = plt.subplots(figsize=(max(6, 0.18 * len(clients)), 3.4))
+        colors = ["tab:blue" if c["seen"] else "tab:orange" for c in clients]
+        ax.bar(range(len(clients)), [100 * c["accuracy"] for c in clients], color=colors)
+        ax.set_xticks(range(len(clients)), [str(c["client"]) for c in clients], fontsize=6, rotation=90)
+        ax.set_xlabel("client (blue: seen, orange: future)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title("per-client accuracy")
+        fig.tight_layout()
+        paths.append(out_dir / "per_client_accuracy.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def report(run_dir: str | Path, *, plots: bool = True) -> str:
+    """The text report of a run (summary and per-client table); writes the PNG plots into the run directory."""
+    results, history = load_run(run_dir)
+    cols = ["client", "seen"] + [k for k in results["per_client"][0] if k not in ("client", "seen")]
+    text = "\n".join(summary_lines(results)) + "\n\nper-client results:\n" + format_table(results["per_client"], cols)
+    if plots:
+        written = plot_run(results, history, run_dir)
+        text += "\n\nplots: " + ", ".join(str(p) for p in written)
+    return text
+
+
+def aggregate_seeds(run_dirs: list[str | Path]) -> dict[str, tuple[float, float]]:
+    """mean and standard deviation over runs (seeds) of each summary metric (each already a per-client mean)."""
+    values: dict[str, list[float]] = {}
+    for d in run_dirs:
+        results, _ = load_run(d)
+        for k, v in results["summary"].items():
+            values.setdefault(k, []).append(float(v))
+    return {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) for k, v in values.items()}
