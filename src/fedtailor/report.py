@@ -105,10 +105,13 @@ def report(run_dir: str | Path, *, plots: bool = True) -> str:
 
 
 def aggregate_seeds(run_dirs: list[str | Path]) -> dict[str, tuple[float, float]]:
-    """mean and standard deviation over runs (seeds) of each summary metric (each already a per-client mean)."""
+    """Mean and standard deviation over runs (seeds) of each numeric summary figure; accuracies in a run's
+    summary are already per-client means, so this is the papers' "within client, over clients, over seeds"."""
     values: dict[str, list[float]] = {}
     for d in run_dirs:
         results, _ = load_run(d)
-        for k, v in results["summary"].items():
-            values.setdefault(k, []).append(float(v))
+        scalars = {**results.get("round_totals", {}), **results.get("method_summary", {}), **results["summary"]}
+        for k, v in scalars.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                values.setdefault(k, []).append(float(v))
     return {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) for k, v in values.items()}

@@ -35,6 +35,21 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``), means of the
+    other numeric metrics (``*_mean``)."""
+    keys = sorted({k for r in history for k, v in r.items() if isinstance(v, (int, float)) and k != "round"})
+    out: dict[str, float] = {}
+    for k in keys:
+        vals = [float(r[k]) for r in history if isinstance(r.get(k), (int, float))]
+        if k.endswith("_bytes"):
+            out[k] = sum(vals)
+            out[k[: -len("_bytes")] + "_MB"] = sum(vals) / 1e6
+        else:
+            out[k + "_mean"] = sum(vals) / len(vals)
+    return out
+
+
 def run_experiment(
     cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False, progress: bool = True,
     stop_after: int | None = None,
@@ -88,6 +103,7 @@ def run_experiment(
         "rounds": cfg.federation.rounds,
         "summary": summarize(result.evaluation, setup.clients),
         "method_summary": _jsonable(method.summary(result.state.server)),
+        "round_totals": round_totals(result.history),
         "per_client": per_client,
         "wall_seconds": time.perf_counter() - t0,
     }

@@ -1,0 +1,246 @@
+"""The privacy ledger (every Gaussian release, per client) and the budget guard (SPEC section 1).
+
+The ledger is the record of what was released: ``(client, round, sensitivity, sigma, mechanism)`` for the
+one-shot context release and for every coefficient-gradient release. From it, ``eps_i`` of every client
+and ``eps = max_i eps_i`` follow at any time under any of the conversions of
+:mod:`fedtailor.privacy.accountant`. It serialises to JSON exactly (floats round-trip), so a resumed run
+continues from the same numbers.
+
+The guard refuses, before anything is released, (i) a fixed schedule under which some client would end
+above the target eps and (ii) a single release that would take a client above it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fedtailor.privacy.accountant import DEFAULT_CONVERSION, check_conversion, epsilon_from_rho
+from fedtailor.privacy.rdp import check_release
+
+_FORMAT = "fedtailor.privacy.ledger/1"
+
+
+class PrivacyBudgetExceeded(RuntimeError):
+    """A release or a planned schedule would take a client past the target epsilon."""
+
+    def __init__(self, *, client: int, epsilon: float, target: float, context: str) -> None:
+        self.client = client
+        self.epsilon = epsilon
+        self.target = target
+        self.overshoot = epsilon - target
+        super().__init__(
+            f"client {client} would reach eps = {epsilon:.6g} {context}, above the target eps = {target:.6g} "
+            f"by {self.overshoot:.3g} ({self.overshoot / target:.3%}). "
+            "Raise sigma (calibrate it from T_max), "
+            "plan fewer participations for this client, or raise the target."
+        )
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Gaussian release: L2 ``sensitivity`` under replace-one adjacency, noise std ``sigma``."""
+
+    client: int
+    round: int
+    sensitivity: float
+    sigma: float
+    mechanism: str
+
+    @property
+    def rho(self) -> float:
+        """RDP slope of this release, ``Delta^2 / (2 sigma^2)``."""
+        return self.sensitivity**2 / (2.0 * self.sigma**2)
+
+
+def _as_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or int(value) != value:
+        raise ValueError(f"{name} must be an integer, got {value!r}.")
+    return int(value)
+
+
+class PrivacyLedger:
+    """All releases of a run, grouped per client, with eps reporting under a chosen conversion."""
+
+    def __init__(self, *, delta: float, conversion: str = DEFAULT_CONVERSION) -> None:
+        delta = float(delta)
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"delta must lie in (0, 1), got {delta!r}.")
+        self.delta = delta
+        self.conversion = check_conversion(conversion)
+        self._releases: list[Release] = []
+        self._terms: dict[int, list[float]] = {}
+        self._keys: set[tuple[int, int, str]] = set()
+
+    def record(self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str) -> Release:
+        """Add one release. The same (client, round, mechanism) twice is refused as a double count."""
+        client, round = _as_int(client, "client"), _as_int(round, "round")
+        sensitivity, sigma = check_release(sensitivity, sigma)
+        if not isinstance(mechanism, str) or not mechanism:
+            raise ValueError(
+                f"mechanism must be a non-empty name such as 'context' or 'coef-grad', got {mechanism!r}."
+            )
+        key = (client, round, mechanism)
+        if key in self._keys:
+            raise ValueError(
+                f"release {mechanism!r} of client {client} in round {round} is already recorded; "
+                "a resumed run "
+                "must continue after the last recorded round."
+            )
+        release = Release(client, round, sensitivity, sigma, mechanism)
+        self._keys.add(key)
+        self._releases.append(release)
+        self._terms.setdefault(client, []).append(release.rho)
+        return release
+
+    @property
+    def releases(self) -> tuple[Release, ...]:
+        """Every release in the order recorded."""
+        return tuple(self._releases)
+
+    @property
+    def clients(self) -> list[int]:
+        """Clients with at least one release, sorted."""
+        return sorted(self._terms)
+
+    def rho(self, client: int) -> float:
+        """RDP slope ``sum_j Delta_j^2/(2 sigma_j^2)`` of one client's releases (0 if it has none)."""
+        return math.fsum(self._terms.get(client, ()))
+
+    def epsilon(self, client: int, *, conversion: str | None = None, delta: float | None = None) -> float:
+        """``eps_i`` of one client at the ledger's delta (or ``delta``) under the ledger's conversion."""
+        return epsilon_from_rho(
+            self.rho(client),
+            delta=self.delta if delta is None else delta,
+            conversion=conversion or self.conversion,
+        )
+
+    def epsilon_with(
+        self, client: int, extra: Iterable[tuple[float, float]], *, conversion: str | None = None
+    ) -> float:
+        """``eps_i`` the client would have after further ``(sensitivity, sigma)`` releases (not recorded)."""
+        terms = list(self._terms.get(client, ()))
+        for sensitivity, sigma in extra:
+            sensitivity, sigma = check_release(sensitivity, sigma)
+            terms.append(sensitivity**2 / (2.0 * sigma**2))
+        return epsilon_from_rho(math.fsum(terms), delta=self.delta, conversion=conversion or self.conversion)
+
+    def epsilons(self, *, conversion: str | None = None, delta: float | None = None) -> dict[int, float]:
+        """``{client: eps_i}`` for every client with a release."""
+        return {c: self.epsilon(c, conversion=conversion, delta=delta) for c in self.clients}
+
+    def max_epsilon(self, *, conversion: str | None = None, delta: float | None = None) -> float:
+        """``eps = max_i eps_i`` (0 before any release)."""
+        return max(self.epsilons(conversion=conversion, delta=delta).values(), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form: format tag, delta, conversion and the list of releases."""
+        return {
+            "format": _FORMAT,
+            "delta": self.delta,
+            "conversion": self.conversion,
+            "releases": [asdict(r) for r in self._releases],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyLedger:
+        """Rebuild a ledger saved with :meth:`to_dict`; the releases are re-recorded in order."""
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"not a privacy ledger: format is {data.get('format')!r}, expected {_FORMAT!r}.")
+        ledger = cls(delta=data["delta"], conversion=data["conversion"])
+        for r in data["releases"]:
+            ledger.record(
+                client=r["client"],
+                round=r["round"],
+                sensitivity=r["sensitivity"],
+                sigma=r["sigma"],
+                mechanism=r["mechanism"],
+            )
+        return ledger
+
+    def to_json(self) -> str:
+        """JSON text of :meth:`to_dict` (floats round-trip exactly)."""
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> PrivacyLedger:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+
+class BudgetGuard:
+    """Refuses plans and releases that would take any client past ``target_eps``.
+
+    ``rtol`` (default 1e-9) is the relative slack on the target, so that a schedule calibrated to reach the
+    target exactly is accepted despite rounding.
+    """
+
+    def __init__(
+        self, ledger: PrivacyLedger, *, target_eps: float, conversion: str | None = None, rtol: float = 1e-9
+    ) -> None:
+        target_eps = float(target_eps)
+        if not (target_eps > 0.0 and math.isfinite(target_eps)):
+            raise ValueError(f"target_eps must be finite and > 0, got {target_eps!r}.")
+        if not 0.0 <= rtol < 1e-3:
+            raise ValueError(f"rtol must be a small non-negative slack (e.g. 1e-9), got {rtol!r}.")
+        self.ledger = ledger
+        self.target_eps = target_eps
+        self.conversion = check_conversion(conversion or ledger.conversion)
+        self.rtol = rtol
+
+    def _over(self, eps: float) -> bool:
+        return eps > self.target_eps * (1.0 + self.rtol)
+
+    def check_plan(self, planned: Mapping[int, Iterable[tuple[float, float]]]) -> dict[int, float]:
+        """Check planned ``{client: [(sensitivity, sigma), ...]}`` on top of what is already recorded.
+
+        Returns every client's final eps; raises :class:`PrivacyBudgetExceeded` naming the worst client if
+        any would end above the target.
+        """
+        final = {
+            int(c): self.ledger.epsilon_with(int(c), releases, conversion=self.conversion)
+            for c, releases in planned.items()
+        }
+        over = {c: e for c, e in final.items() if self._over(e)}
+        if over:
+            worst = max(over, key=over.__getitem__)
+            others = f"; {len(over) - 1} other client(s) too" if len(over) > 1 else ""
+            raise PrivacyBudgetExceeded(
+                client=worst,
+                epsilon=over[worst],
+                target=self.target_eps,
+                context=(
+                    f"by the end of the planned schedule ({self.conversion}, "
+                    f"delta={self.ledger.delta:g}){others}"
+                ),
+            )
+        return final
+
+    def check_release(
+        self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str
+    ) -> float:
+        """eps the client would reach with this release; :class:`PrivacyBudgetExceeded` if over target."""
+        eps = self.ledger.epsilon_with(int(client), [(sensitivity, sigma)], conversion=self.conversion)
+        if self._over(eps):
+            raise PrivacyBudgetExceeded(
+                client=int(client),
+                epsilon=eps,
+                target=self.target_eps,
+                context=(
+                    f"with release {mechanism!r} in round {round} "
+                    f"({self.conversion}, delta={self.ledger.delta:g})"
+                ),
+            )
+        return eps
+
+    def record(self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str) -> Release:
+        """Check, then record in the ledger; nothing is recorded when the check fails."""
+        self.check_release(
+            client=client, round=round, sensitivity=sensitivity, sigma=sigma, mechanism=mechanism
+        )
+        return self.ledger.record(
+            client=client, round=round, sensitivity=sensitivity, sigma=sigma, mechanism=mechanism
+        )

@@ -1,0 +1,93 @@
+"""Experiment sweeps: a config over a grid of overrides and several seeds, with a mean +- std table.
+
+Each (grid point, seed) is an ordinary run directory under the sweep folder, so an interrupted sweep resumes by
+skipping finished runs and continuing unfinished ones from their checkpoints. Aggregation follows the papers:
+accuracy is averaged within a client, then over clients (inside each run), then mean and standard deviation
+over seeds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+from pathlib import Path
+
+from fedtailor.config import load_config, parse_override
+from fedtailor.report import aggregate_seeds, format_table
+from fedtailor.runner import run_experiment
+
+log = logging.getLogger(__name__)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"41-45"`` or ``"41,43,47"`` -> list of seeds."""
+    out: list[int] = []
+    for part in text.split(","):
+        if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", part):
+            lo, hi = (int(v) for v in part.split("-"))
+            if hi < lo:
+                raise ValueError(f"seed range {part!r} is empty; write LOW-HIGH, e.g. 41-45.")
+            out.extend(range(lo, hi + 1))
+        elif part.strip().isdigit():
+            out.append(int(part))
+        else:
+            raise ValueError(f"cannot read seeds {text!r}; use e.g. 41-45 or 41,42,43.")
+    return out
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
+    """``["method.privacy.epsilon=4,8"]`` -> [("method.privacy.epsilon", ["4", "8"])]."""
+    grid = []
+    for item in items:
+        key, _ = parse_override(item)
+        values = item.split("=", 1)[1].split(",")
+        grid.append((".".join(key), [v.strip() for v in values if v.strip()]))
+    return grid
+
+
+def _slug(assignments: tuple[tuple[str, str], ...]) -> str:
+    if not assignments:
+        return "base"
+    return "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in assignments)
+
+
+def run_sweep(
+    config: str | Path | None, *, out: str | Path, seeds: list[int], grid: list[tuple[str, list[str]]],
+    overrides: list[str] = (), progress: bool = True,
+) -> str:
+    """Run every grid point for every seed (skipping finished runs); returns the aggregated table."""
+    out = Path(out)
+    rows = []
+    points = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
+    for point in points:
+        run_dirs = []
+        for seed in seeds:
+            sets = [*overrides, *(f"{k}={v}" for k, v in point), f"seed={seed}"]
+            cfg = load_config(config, sets)
+            run_dir = out / _slug(point) / f"seed{seed}"
+            if not (run_dir / "results.json").exists() or _unfinished(run_dir):
+                log.info("sweep: %s seed %d -> %s", _slug(point), seed, run_dir)
+                run_experiment(cfg, run_dir, resume=run_dir.exists(), progress=progress)
+            run_dirs.append(run_dir)
+        stats = aggregate_seeds(run_dirs)
+        row = {k: v for k, v in point}
+        for key in ("seen/accuracy", "future/accuracy"):
+            if key in stats:
+                mean, std = stats[key]
+                row[key] = f"{100 * mean:.2f} +- {100 * std:.2f}"
+        for key in ("epsilon_max", "sigma", "T_max", "bits_per_coefficient_mean", "uplink_payload_MB",
+                    "perturbation_norm_mean", "encode_ms_mean"):
+            if key in stats:
+                row[key] = f"{stats[key][0]:.4g}"
+        rows.append(row)
+    table = f"{len(seeds)} seeds ({', '.join(map(str, seeds))}), mean +- std over seeds\n" + format_table(rows)
+    (out / "sweep.md").write_text(table + "\n")
+    (out / "sweep.json").write_text(json.dumps(rows, indent=2))
+    return table
+
+
+def _unfinished(run_dir: Path) -> bool:
+    results = json.loads((run_dir / "results.json").read_text())
+    return results["rounds_completed"] < results["rounds"]
