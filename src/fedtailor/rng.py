@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import hashlib
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported lazily so that numpy-only users (data, partitions) load fast
+    import torch
 
 KeyPart = int | str | bytes
 
@@ -41,6 +45,8 @@ def numpy_rng(*path: KeyPart) -> np.random.Generator:
 
 def torch_generator(*path: KeyPart, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator on ``device`` seeded from ``path``."""
+    import torch
+
     g = torch.Generator(device=device)
     g.manual_seed(derive_seed(*path))
     return g
