@@ -1,0 +1,53 @@
+"""Communication codecs for one Gaussian release: DG FP32, DG+Q12, the layered quantiser and LRSUQ.
+
+``get_codec(name, **options)`` returns a :class:`Codec`; ``encode(u, key=..., sigma=...)`` gives the message
+bytes and ``decode(message, key=..., sigma=..., dim=...)`` the released float64 vector. The key of each release
+is ``release_key(secret, client, round)``. See docs/codecs.md.
+"""
+
+from __future__ import annotations
+
+from fedtailor.codecs.base import Codec, CodecError, release_key
+from fedtailor.codecs.dg import DGQ12Codec, DirectGaussianCodec
+from fedtailor.codecs.lrsuq import LRSUQCodec
+
+CODEC_NAMES = ("dg-fp32", "dg-q12", "layered", "lrsuq")
+
+
+def get_codec(name: str, **options: object) -> Codec:
+    """A codec by name.
+
+    * ``"dg-fp32"``, ``"dg-q12"``: no options.
+    * ``"layered"``: the scalar layered quantiser (LRSUQ with b = 1); option ``coder`` ("elias" | "ans").
+    * ``"lrsuq"``: options ``block_size`` (default 4), ``lattice`` ("Z", or "D4" for b = 4) and
+      ``coder`` ("elias", the default, needs nothing; "ans" needs the optional ``constriction`` package).
+    """
+    if name in ("dg-fp32", "dg-q12"):
+        if options:
+            raise ValueError(f"codec {name!r} takes no options, got {sorted(options)}")
+        return DirectGaussianCodec() if name == "dg-fp32" else DGQ12Codec()
+    if name == "layered":
+        unknown = set(options) - {"coder"}
+        if unknown:
+            raise ValueError(f"codec 'layered' takes only the option 'coder', got {sorted(unknown)}")
+        return LRSUQCodec(block_size=1, coder=str(options.get("coder", "elias")), name="layered")
+    if name == "lrsuq":
+        unknown = set(options) - {"block_size", "lattice", "coder"}
+        if unknown:
+            raise ValueError(
+                f"codec 'lrsuq' options are block_size, lattice, coder; got unknown {sorted(unknown)}"
+            )
+        return LRSUQCodec(**options)  # type: ignore[arg-type]
+    raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")
+
+
+__all__ = [
+    "CODEC_NAMES",
+    "Codec",
+    "CodecError",
+    "DGQ12Codec",
+    "DirectGaussianCodec",
+    "LRSUQCodec",
+    "get_codec",
+    "release_key",
+]

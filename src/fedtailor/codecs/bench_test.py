@@ -1,0 +1,34 @@
+"""The shared measuring function behind benchmarks/bench_codecs.py and ``fedtailor codec bench``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fedtailor.codecs.bench import DEFAULT_SPECS, bench_codecs, bench_notes, gaussian_floor_bpc, markdown
+
+
+def test_floor_formula() -> None:
+    # 0.5 log2(1 + 1 / (16384 * 0.01468^2)) = 0.180 bpc (SPEC: "about 0.18").
+    assert gaussian_floor_bpc(norm=1.0, k=16384, sigma=0.01468) == pytest.approx(0.1800, abs=5e-4)
+    assert gaussian_floor_bpc(norm=0.0, k=10, sigma=1.0) == 0.0
+
+
+def test_bench_rows_cover_every_codec_with_sane_figures() -> None:
+    # Per-coordinate scale of SPEC's regime (||u|| = 1 at k = 16,384) at a smaller k.
+    rows = bench_codecs(k=2048, norm=math.sqrt(2048 / 16384), releases=2, seed=1)
+    assert [r["codec"] for r in rows] == [label for label, _, _ in DEFAULT_SPECS]
+    by = {r["codec"]: r for r in rows}
+    frame_bpc = 8 * 26 / 2048
+    assert by["DG FP32"]["bpc"] == pytest.approx(32 + frame_bpc)
+    assert by["DG+Q12"]["bpc"] == pytest.approx(12 + frame_bpc + 8 * 16 / 2048, abs=0.01)
+    for label in ("LRSUQ Z^4 (elias)", "LRSUQ Z^4 (ans)", "layered b=1 (ans)", "LRSUQ D4 (ans)"):
+        assert by[label]["bpc"] < 2.0 + frame_bpc
+    for r in rows:  # every codec releases u + noise of scale sigma (Q12 adds a little quantisation error)
+        assert abs(float(r["rms error / sigma"]) - 1.0) < 0.1
+        assert float(r["encode ms"]) > 0 and float(r["decode ms"]) > 0
+    table = markdown(rows)
+    assert table.count("\n") == len(rows) + 2 and "| codec | bpc |" in table
+    assert "0.180 bpc" in bench_notes() and "12.01" in bench_notes()
+    assert math.isclose(float(rows[0]["bits vs first"]), 1.0)
