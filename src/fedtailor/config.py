@@ -96,11 +96,18 @@ class CompactConfig(_Section):
     space: Literal["coefficient", "full"] = "coefficient"
     context: Literal["private", "public"] = "private"
     codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq"] = "dg-fp32"
+    coder: Literal["ans", "elias"] = Field("ans", description="entropy coder of the layered/lrsuq codecs")
+    block_size: int = Field(4, ge=1, le=8, description="b, LRSUQ block size")
+    lattice: Literal["Z", "D4"] = Field("Z", description="LRSUQ lattice (D4 needs block_size 4)")
     model: Literal["lenet", "mlp"] = "lenet"
     coef_dim: int = Field(16_384, ge=1, description="k, dimension of the coefficient subspace")
     hidden_dim: int = Field(100, ge=1, description="r, hidden dimension of h_psi")
     lr: float = Field(0.1, gt=0, description="eta, server SGD step (0.1 MNIST, 0.2 CIFAR-10 in the paper)")
+    init_gain: float | None = Field(
+        None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)")
     subspace_stages: int = Field(2, ge=1, le=4)
+    subspace_transform: Literal["blocked-dct", "dct"] = Field(
+        "blocked-dct", description="fast orthogonal transform behind P (docs/subspace.md)")
     replay_from: str | None = Field(None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses")
     diagnostics: bool = Field(True, description="clients also report the realised noise norm (simulation only)")
     privacy: PrivacyConfig = PrivacyConfig()

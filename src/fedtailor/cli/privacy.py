@@ -6,10 +6,10 @@ import argparse
 import json
 from typing import Any
 
+from fedtailor.data.context import context_sensitivity
 from fedtailor.privacy.accountant import CONVERSIONS, epsilon_from_rho
 from fedtailor.privacy.calibrate import (
     calibrate_sigma,
-    context_sensitivity,
     gradient_sensitivity,
     participation_counts,
     uniform_schedule,
@@ -33,7 +33,7 @@ def calibration_report(
     schedule = uniform_schedule(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed)
     counts = participation_counts(schedule, clients)
     t_max = int(counts.max())
-    d_c = context_sensitivity(context_size=context_size)
+    d_c = context_sensitivity(context_size)
     d_g = gradient_sensitivity(batch_size=batch_size, clip=clip)
     rows = []
     for conversion in CONVERSIONS:

@@ -136,8 +136,7 @@ def run_federated(
         state = load_checkpoint(ckpt, schedule)
         log.info("resumed from %s at round %d", ckpt, state.round)
     else:
-        state = LoopState(round=0, server=method.init_server())
-        state = _setup_phase(method, state, clients)
+        state = start(method, clients)
 
     rounds = schedule.shape[0]
     last = rounds if stop_after is None else min(rounds, stop_after)
@@ -163,7 +162,9 @@ def run_federated(
     return RunResult(state=state, evaluation=evaluate_clients(method, state, clients))
 
 
-def _setup_phase(method: Method, state: LoopState, clients: Mapping[int, ClientData]) -> LoopState:
+def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:
+    """The state before round 1: the initial server state after the one-shot setup exchange (if any)."""
+    state = LoopState(round=0, server=method.init_server())
     replies: dict[int, Message] = {}
     for cid in sorted(clients):
         msg = method.configure_setup(state.server, cid)

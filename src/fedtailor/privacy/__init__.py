@@ -21,7 +21,6 @@ from fedtailor.privacy.accountant import (
 )
 from fedtailor.privacy.calibrate import (
     calibrate_sigma,
-    context_sensitivity,
     gradient_sensitivity,
     participation_counts,
     planned_releases,
@@ -52,7 +51,6 @@ __all__ = [
     "calibrate_sigma",
     "clip_rows",
     "clipped_mean",
-    "context_sensitivity",
     "epsilon_from_rho",
     "flatten_named",
     "gaussian_mechanism",

@@ -18,17 +18,10 @@ from fedtailor.privacy.accountant import DEFAULT_CONVERSION, check_conversion, e
 from fedtailor.privacy.rdp import closed_form_rho
 
 __all__ = [  # the schedule helpers live in fedtailor.fl.schedule and are re-exported here for the CLI
-    "calibrate_sigma", "context_sensitivity", "gradient_sensitivity", "participation_counts", "planned_releases",
+    "calibrate_sigma", "gradient_sensitivity", "participation_counts", "planned_releases",
     "t_max", "uniform_schedule", "worst_client_rho",
 ]
 from fedtailor.fl.schedule import participation_counts, t_max, uniform_schedule
-
-
-def context_sensitivity(*, context_size: int) -> float:
-    """Replace-one L2 sensitivity of the mean of ``context_size`` features with norm <= 1: ``2 / m_c``."""
-    if context_size < 1:
-        raise ValueError(f"context_size (m_c) must be >= 1, got {context_size}.")
-    return 2.0 / context_size
 
 
 def gradient_sensitivity(*, batch_size: int, clip: float) -> float:

@@ -9,7 +9,6 @@ from scipy import stats
 from fedtailor.privacy.accountant import CONVERSIONS, epsilon_from_rho
 from fedtailor.privacy.calibrate import (
     calibrate_sigma,
-    context_sensitivity,
     gradient_sensitivity,
     participation_counts,
     planned_releases,
@@ -106,7 +105,6 @@ def test_participation_counts_and_plan() -> None:
     )
     assert plan[2] == [(0.1, 0.5), (0.2, 0.5), (0.2, 0.5), (0.2, 0.5)]
     assert plan[3] == [(0.1, 0.5)]
-    assert context_sensitivity(context_size=333) == pytest.approx(D)
     assert gradient_sensitivity(batch_size=333, clip=1.0) == pytest.approx(D)
 
 

@@ -1,0 +1,364 @@
+"""Compact adaptation: privacy-aligned personalized FL with a context-conditioned generator (seed 000).
+
+Notation (paper and SPEC section 1):
+
+* c~_i = (1/m_c) sum_{x in C_i} phi(x) + N(0, sigma^2 I_2s): client i's one-shot private context, cached
+  by the server and reused every round and for unseen (Future) clients;
+* h_i = h_psi(c~_i) in R^r, a_i = W h_i in R^k, theta_i = theta_ref + P a_i: the generated model, with P the
+  fixed orthonormal coefficient basis (P^T P = I_k, applied implicitly) and omega = (W, psi) trainable;
+* g~_{i,t} = (1/m_g) sum_{z in B_it} clip_C(P^T grad loss(theta_i; z)) + N(0, sigma^2 I_k): the coefficient
+  gradient release (Eq. 5), realised by a codec (dense Gaussian, or exactly by LRSUQ's quantisation error);
+* omega <- omega - (eta/|S_t|) sum_{i in S_t} J_i^T g~_{i,t}, J_i = d a_i / d omega (Eq. 6), computed as one
+  backward pass of sum_i <a_i, stopgrad(g~_i)> / |S_t|.
+
+Privacy: client i's RDP is alpha (Delta_c^2 + T_i Delta_g^2) / (2 sigma^2) (Eq. 7); sigma is calibrated from
+the fixed schedule's T_max before training and every release is written to the ledger, whose guard refuses a
+release beyond the target.
+
+The paper's variants are four axes of one method (``fedtailor.config.COMPACT_VARIANTS``): the generator
+(factorized W h_psi(c), deep-linear W V c, direct a, radial, replay), the space (coefficient subspace or full
+d_theta), the context (private release or one public vector u0) and the codec of the release.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from fedtailor.codecs import CodecError, get_codec, release_key
+from fedtailor.config import CompactConfig
+from fedtailor.data.context import context_sensitivity, release_context
+from fedtailor.fl.method import Method
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
+from fedtailor.fl.schedule import participation_counts
+from fedtailor.models.flat import FlatLayout, get_flat
+from fedtailor.models.subspace import OrthonormalSubspace
+from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
+from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
+from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
+from fedtailor.rng import derive_seed, torch_generator
+
+log = logging.getLogger(__name__)
+
+
+class Generator(nn.Module):
+    """a = G_omega(c): context -> coefficients (k) or full-space displacement (d_theta).
+
+    ``factorized``: a = W h_psi(c) with h_psi a two-layer tanh MLP; ``deeplin``: a = W V c; ``radial``: h =
+    s h_psi0(c) with psi0 frozen at its initial value and only the scalar gain s trained (the hidden direction
+    never moves); ``direct``/``replay``: a is itself the trainable parameter (no context). W and a start at 0,
+    so every client starts at theta_ref; the MLP has torch's default initialisation, optionally rescaled so that
+    E||h||^2 = ``init_gain`` at the start. Inputs are standardised with fixed (non-trainable) statistics.
+    """
+
+    def __init__(
+        self, *, kind: str, context_dim: int, hidden_dim: int, out_dim: int, seed: int, init_gain: float | None = None
+    ) -> None:
+        super().__init__()
+        self.kind = kind
+        self.register_buffer("c_mean", torch.zeros(context_dim))
+        self.register_buffer("c_scale", torch.ones(context_dim))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(seed, "generator-init"))
+            if kind in ("direct", "replay"):
+                self.a = nn.Parameter(torch.zeros(out_dim))
+                return
+            if kind == "deeplin":
+                bound = 1 / math.sqrt(context_dim)  # nn.Linear's default (Kaiming-uniform) range, no bias
+                self.V = nn.Parameter(torch.empty(hidden_dim, context_dim).uniform_(-bound, bound))
+            else:
+                self.psi = nn.Sequential(nn.Linear(context_dim, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, hidden_dim))
+            self.W = nn.Parameter(torch.zeros(out_dim, hidden_dim))
+            if init_gain is not None:
+                self._rescale(init_gain, context_dim)
+        if kind == "radial":
+            self.psi.requires_grad_(False)
+            self.s = nn.Parameter(torch.ones(()))
+
+    @torch.no_grad()
+    def _rescale(self, gain: float, context_dim: int) -> None:
+        """Scale the last map so that E ||h(z)||^2 = gain over standardised inputs z ~ N(0, I): the W-block kernel
+        (h_j . h_i) I_k then starts at that scalar gain (without it: torch's default initialisation)."""
+        scale = math.sqrt(gain / float(self.hidden(torch.randn(1024, context_dim)).pow(2).sum(1).mean()))
+        if self.kind == "deeplin":
+            self.V.mul_(scale)
+        else:
+            self.psi[2].weight.mul_(scale)
+            self.psi[2].bias.mul_(scale)
+
+    def hidden(self, c: torch.Tensor) -> torch.Tensor | None:
+        """h(c), shape (n, r); None for the direct generators."""
+        if self.kind in ("direct", "replay"):
+            return None
+        z = (c - self.c_mean) / self.c_scale
+        if self.kind == "deeplin":
+            return z @ self.V.T
+        h = self.psi(z)
+        return self.s * h if hasattr(self, "s") else h
+
+    def forward(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h = self.hidden(c)
+        a = self.a.expand(c.shape[0], -1) if h is None else h @ self.W.T
+        return a, h
+
+
+@dataclass
+class CompactState:
+    """Server state: generator parameters omega (+ input statistics), cached context releases, the ledger."""
+
+    omega: dict[str, torch.Tensor]
+    sigma: float
+    ledger: PrivacyLedger
+    contexts: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class CompactAdaptation(Method[CompactState, None]):
+    name = "compact"
+
+    def __init__(
+        self,
+        *,
+        cfg: CompactConfig,
+        model_fn: Any,
+        input_shape: tuple[int, int, int],
+        schedule: np.ndarray,
+        seen: list[int],
+        seed: int,
+        device: torch.device,
+        context_size: int,
+    ) -> None:
+        self.cfg, self.seed, self.device = cfg, seed, device
+        self.model = model_fn().to(device)  # its default init drawn from the public seed is theta_ref
+        self.layout = FlatLayout.of(self.model)
+        self.theta_ref = get_flat(self.model).to(device)
+        self.d = self.layout.size
+        self.coefficient = cfg.space == "coefficient"
+        if self.coefficient and cfg.coef_dim > self.d:
+            raise ValueError(f"coef_dim k={cfg.coef_dim} exceeds the model's d_theta={self.d}; choose k <= d_theta.")
+        self.k = cfg.coef_dim if self.coefficient else self.d
+        self.P = (OrthonormalSubspace(dim=self.d, rank=self.k, seed=seed, stages=cfg.subspace_stages,
+                                      transform=cfg.subspace_transform, device=device)
+                  if self.coefficient else None)
+        self.context_dim = 2 * input_shape[0]
+        self.m_c, self.m_g, self.clip = context_size, cfg.privacy.batch_size, cfg.privacy.clip
+        self.private_context = cfg.context == "private"
+        # u0: the one public context of the geometry controls, already in standardised units.
+        self.u0 = torch.randn(self.context_dim, generator=torch_generator(seed, "public-context")).to(device)
+        self.generator = Generator(kind=cfg.generator, context_dim=self.context_dim, hidden_dim=cfg.hidden_dim,
+                                   out_dim=self.k, seed=seed, init_gain=cfg.init_gain).to(device)
+        self.codec = get_codec(cfg.codec, **_codec_options(cfg))
+        self.secret = derive_seed(seed, "release-secret")  # shared by encoder and decoder (trust boundary)
+        self.schedule, self.seen = schedule, sorted(seen)
+        self.replay_gains = _load_replay_gains(cfg.replay_from, len(schedule)) if cfg.generator == "replay" else None
+        self._decoded: dict[tuple[int, int], torch.Tensor] = {}
+
+    # ----- privacy plan ----------------------------------------------------------------------------------
+    @property
+    def noisy(self) -> bool:
+        return math.isfinite(self.cfg.privacy.epsilon)
+
+    def _sensitivities(self) -> tuple[float, float]:
+        dc = context_sensitivity(self.m_c) if self.private_context else 0.0
+        return dc, gradient_sensitivity(batch_size=self.m_g, clip=self.clip)
+
+    def _guard(self, ledger: PrivacyLedger) -> BudgetGuard:
+        return BudgetGuard(ledger, target_eps=self.cfg.privacy.epsilon)
+
+    def init_server(self) -> CompactState:
+        p = self.cfg.privacy
+        ledger = PrivacyLedger(delta=p.delta, conversion=p.conversion)
+        sigma = 0.0
+        if self.noisy:
+            counts = participation_counts(self.schedule, max(self.seen) + 1)
+            dc, dg = self._sensitivities()
+            sigma = calibrate_sigma(eps=p.epsilon, delta=p.delta, t_max=int(counts.max()), context_sensitivity=dc,
+                                    gradient_sensitivity=dg, conversion=p.conversion)
+            plan = {c: ([(dc, sigma)] if dc else []) + [(dg, sigma)] * int(counts[c]) for c in self.seen}
+            self._guard(ledger).check_plan(plan)
+            log.info("calibrated sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
+        omega = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}
+        return CompactState(omega=omega, sigma=sigma, ledger=ledger)
+
+    # ----- one-shot context release (setup phase) ------------------------------------------------------------
+    def configure_setup(self, server: CompactState, cid: int) -> Message | None:
+        if not self.private_context:
+            return None
+        if self.noisy:
+            self._guard(server.ledger).record(client=cid, round=0, sensitivity=context_sensitivity(self.m_c),
+                                              sigma=server.sigma, mechanism="context")
+        return Message(config={"sigma": server.sigma})
+
+    def client_setup(self, msg: Message, state: None, data: ClientData) -> tuple[Message, None]:
+        gen = torch_generator(self.seed, "context-noise", data.cid, device=data.context.device)
+        c = release_context(data.context, sigma=float(msg.config["sigma"]), generator=gen)
+        return Message(arrays={"context": c}), None
+
+    def aggregate_setup(self, server: CompactState, replies: dict[int, Message]) -> CompactState:
+        server.contexts = {cid: r.arrays["context"].to(self.device).float() for cid, r in replies.items()}
+        seen = [server.contexts[c] for c in self.seen if c in server.contexts]
+        if len(seen) >= 2:  # standardise with statistics of seen clients' releases only (post-processing)
+            stacked = torch.stack(seen)
+            server.omega["c_mean"] = stacked.mean(0)
+            server.omega["c_scale"] = stacked.std(0).clamp_min(1e-6)
+        return server
+
+    # ----- generator ------------------------------------------------------------------------------------
+    def _context(self, server: CompactState, cid: int) -> torch.Tensor:
+        if not self.private_context:
+            return self.u0
+        if cid not in server.contexts:
+            raise KeyError(f"client {cid} has no cached context release; it must take part in the setup phase.")
+        return server.contexts[cid]
+
+    def coefficients(self, server: CompactState, cids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(a_i, h_i) for the clients ``cids`` under the current omega, with autograd enabled."""
+        self.generator.load_state_dict(server.omega)
+        return self.generator(torch.stack([self._context(server, c) for c in cids]))
+
+    def _model_message(self, server: CompactState, cid: int, config: dict[str, Any]) -> Message:
+        with torch.no_grad():
+            a, _ = self.coefficients(server, [cid])
+        return Message(arrays={"a": a[0]}, config=config)
+
+    def theta(self, a: torch.Tensor) -> torch.Tensor:
+        """theta_i = theta_ref + P a_i (coefficient space) or theta_ref + a_i (full space)."""
+        a = a.to(self.device)
+        return self.theta_ref + (self.P.expand(a) if self.coefficient else a)
+
+    # ----- training round ------------------------------------------------------------------------------
+    def configure_fit(self, server: CompactState, rnd: int, cid: int) -> Message:
+        if self.noisy:
+            self._guard(server.ledger).record(client=cid, round=rnd, sensitivity=self._sensitivities()[1],
+                                              sigma=server.sigma, mechanism=f"coef-gradient/{self.codec.name}")
+        return self._model_message(server, cid, {"round": rnd, "sigma": server.sigma})
+
+    def client_fit(self, msg: Message, state: None, data: ClientData) -> tuple[Message, None]:
+        rnd, sigma = int(msg.config["round"]), float(msg.config["sigma"])
+        x, y = data.train
+        if len(x) < self.m_g:
+            raise ValueError(f"client {data.cid} has {len(x)} training records, fewer than m_g={self.m_g}.")
+        gen = torch_generator(self.seed, "batch", rnd, data.cid, device=x.device)
+        idx = torch.randperm(len(x), generator=gen, device=x.device)[: self.m_g]
+        theta = self.theta(msg.arrays["a"])
+        grads = per_example_gradients(self.model, F.cross_entropy, x[idx], y[idx], params=self.layout.unflatten(theta))
+        if self.coefficient:
+            grads = self.P.project(grads)
+        u = clipped_mean(grads, clip=self.clip, denominator=self.m_g)
+        u_np = u.detach().double().cpu().numpy()
+        key = release_key(self.secret, data.cid, rnd)
+        t0 = time.perf_counter()
+        payload = self.codec.encode(u_np, key=key, sigma=sigma)
+        config: dict[str, Any] = {"payload": payload, "encode_ms": 1e3 * (time.perf_counter() - t0)}
+        if self.cfg.diagnostics:  # simulation-only diagnostic: the realised perturbation ||g~ - u||
+            decoded = self.codec.decode(payload, key=key, sigma=sigma, dim=len(u_np))
+            config["perturbation_norm"] = float(np.linalg.norm(decoded - u_np))
+            config["clip_fraction"] = float((torch.linalg.vector_norm(grads, dim=1) > self.clip).float().mean())
+        return Message(config=config), None
+
+    def validate_reply(self, server: CompactState, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        if phase == "setup":
+            c = reply.array("context", shape=(self.context_dim,))
+            if c.abs().max() > 1 + 50 * max(server.sigma, 1e-3):
+                raise InvalidMessage(f"context release of client {cid} is far outside the bounded range.")
+            return
+        payload = reply.value("payload", bytes)
+        try:
+            g = self.codec.decode(payload, key=release_key(self.secret, cid, rnd), sigma=server.sigma, dim=self.k)
+        except CodecError as err:
+            raise InvalidMessage(f"undecodable release: {err}") from err
+        if not np.all(np.isfinite(g)):
+            raise InvalidMessage("decoded release contains non-finite values.")
+        self._decoded[(rnd, cid)] = torch.as_tensor(g, dtype=torch.float32, device=self.device)
+
+    def aggregate_fit(self, server: CompactState, rnd: int, replies: dict[int, Message]) -> tuple[CompactState, Metrics]:
+        cids = sorted(replies)
+        g = torch.stack([self._decoded.pop((rnd, c)) for c in cids])
+        self._decoded = {key: v for key, v in self._decoded.items() if key[0] > rnd}
+        a, h = self.coefficients(server, cids)
+        params = [p for p in self.generator.parameters() if p.requires_grad]
+        # sum_i J_i^T g~_i / |S_t| as the gradient of sum_i <a_i, stopgrad(g~_i)> / |S_t| (Eq. 6)
+        grads = torch.autograd.grad((a * g).sum() / len(cids), params)
+        gain = 1.0 if self.replay_gains is None else self.replay_gains[rnd - 1]
+        with torch.no_grad():
+            for p, dp in zip(params, grads):
+                p.sub_(self.cfg.lr * gain * dp)
+        server.omega = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}
+        nbytes = [len(replies[c].config["payload"]) for c in cids]
+        metrics: Metrics = {
+            "uplink_payload_bytes": float(sum(nbytes)),
+            "bits_per_coefficient": 8.0 * float(np.mean(nbytes)) / self.k,
+            "update_norm": float(torch.linalg.vector_norm(g, dim=1).mean()),
+        }
+        if h is not None:
+            metrics["h_norm2"] = float((h.detach() ** 2).sum(1).mean())
+        if self.replay_gains is not None:
+            metrics["replay_gain"] = gain
+        for key in ("encode_ms", "perturbation_norm", "clip_fraction"):
+            vals = [float(replies[c].config[key]) for c in cids if key in replies[c].config]
+            if vals:
+                metrics[key] = float(np.mean(vals))
+        return server, metrics
+
+    # ----- evaluation -------------------------------------------------------------------------------------
+    def configure_evaluate(self, server: CompactState, cid: int) -> Message:
+        return self._model_message(server, cid, {})
+
+    @torch.no_grad()
+    def client_evaluate(self, msg: Message, state: None, data: ClientData) -> Metrics:
+        x, y = data.eval
+        params = self.layout.unflatten(self.theta(msg.arrays["a"]))
+        correct, loss = 0, 0.0
+        for start in range(0, len(x), 2048):
+            logits = functional_call(self.model, params, (x[start : start + 2048],))
+            correct += int((logits.argmax(1) == y[start : start + 2048]).sum())
+            loss += float(F.cross_entropy(logits, y[start : start + 2048], reduction="sum"))
+        return {"accuracy": correct / len(x), "loss": loss / len(x), "num_examples": float(len(x))}
+
+    # ----- run summary ------------------------------------------------------------------------------------
+    def summary(self, server: CompactState) -> dict[str, Any]:
+        ledger = server.ledger
+        eps = ledger.epsilons() if self.noisy else {}
+        counts = participation_counts(self.schedule, max(self.seen) + 1)
+        return {
+            "variant": self.cfg.variant or "custom",
+            "generator": self.cfg.generator, "space": self.cfg.space, "context": self.cfg.context,
+            "codec": self.codec.name,
+            "k": self.k, "d_theta": self.d,
+            "sigma": server.sigma,
+            "T_max": int(counts[self.seen].max()),
+            "epsilon_target": self.cfg.privacy.epsilon,
+            "epsilon_max": max(eps.values()) if eps else float("inf"),  # no noise: no DP guarantee
+            "epsilon_conversion": self.cfg.privacy.conversion,
+            "delta": self.cfg.privacy.delta,
+            "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
+            "releases": len(ledger.releases),
+        }
+
+
+def _codec_options(cfg: CompactConfig) -> dict[str, Any]:
+    if cfg.codec == "lrsuq":
+        return {"coder": cfg.coder, "block_size": cfg.block_size, "lattice": cfg.lattice}
+    return {"coder": cfg.coder} if cfg.codec == "layered" else {}
+
+
+def _load_replay_gains(run_dir: str | None, rounds: int) -> list[float]:
+    """gamma_t = ||h_t||^2 per round, recorded by a 'factorized' run (its metrics.jsonl)."""
+    path = Path(str(run_dir)) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"replay_from: {path} not found; run a 'factorized' variant first and pass its run directory.")
+    gains = [json.loads(line).get("h_norm2") for line in path.read_text().splitlines() if line.strip()]
+    if len(gains) < rounds or any(g is None for g in gains[:rounds]):
+        raise ValueError(f"replay_from: {path} has h_norm2 for {sum(g is not None for g in gains)} rounds, need {rounds}; "
+                         "use a finished 'factorized' run with the same number of rounds.")
+    return [float(g) for g in gains[:rounds]]
