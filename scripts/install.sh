@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras="data,codecs"
+extras="data"
 want_test=0
 for arg in "$@"; do
   case "$arg" in

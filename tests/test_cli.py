@@ -6,17 +6,35 @@ import pytest
 
 from fedtailor.cli import main
 
-TINY = [
-    "--set", 'data.dataset="digits"', "--set", "data.num_clients=6", "--set", "data.num_unseen=1",
-    "--set", "data.context_size=20", "--set", "federation.rounds=4", "--set", "federation.clients_per_round=3",
-    "--set", "federation.eval_every=2", "--set", "federation.checkpoint_every=1",
-    "--set", 'method.name="fedavg"', "--set", 'method.model="mlp"', "--set", "method.lr=0.1",
-]
+TINY_TOML = """
+name = "tiny"
+[data]
+dataset = "digits"
+num_clients = 6
+num_unseen = 1
+context_size = 20
+[federation]
+rounds = 4
+clients_per_round = 3
+eval_every = 2
+checkpoint_every = 1
+[method]
+name = "fedavg"
+model = "mlp"
+lr = 0.1
+"""
 
 
-def test_run_writes_a_complete_run_directory_and_report(tmp_path, capsys):
+@pytest.fixture()
+def tiny(tmp_path) -> list[str]:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_TOML)
+    return [str(path)]
+
+
+def test_run_writes_a_complete_run_directory_and_report(tmp_path, capsys, tiny):
     out = tmp_path / "run"
-    assert main(["run", *TINY, "--out", str(out), "--no-progress"]) == 0
+    assert main(["run", *tiny, "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "Seen   accuracy" in text and "Future accuracy" in text and "per-client results" in text
     for name in ("config.json", "metrics.jsonl", "results.json", "clients.csv", "checkpoint.pt",
@@ -31,12 +49,12 @@ def test_run_writes_a_complete_run_directory_and_report(tmp_path, capsys):
     assert "per-client results" in capsys.readouterr().out
 
 
-def test_interrupted_run_resumes_to_the_same_result(tmp_path):
+def test_interrupted_run_resumes_to_the_same_result(tmp_path, tiny):
     full, part = tmp_path / "full", tmp_path / "part"
-    assert main(["run", *TINY, "--out", str(full), "--no-progress", "--no-plots"]) == 0
-    assert main(["run", *TINY, "--out", str(part), "--no-progress", "--no-plots", "--stop-after", "2"]) == 0
+    assert main(["run", *tiny, "--out", str(full), "--no-progress", "--no-plots"]) == 0
+    assert main(["run", *tiny, "--out", str(part), "--no-progress", "--no-plots", "--stop-after", "2"]) == 0
     assert json.loads((part / "results.json").read_text())["rounds_completed"] == 2
-    assert main(["run", *TINY, "--out", str(part), "--no-progress", "--no-plots", "--resume"]) == 0
+    assert main(["run", *tiny, "--out", str(part), "--no-progress", "--no-plots", "--resume"]) == 0
     a, b = (json.loads((d / "results.json").read_text()) for d in (full, part))
     assert a["per_client"] == b["per_client"] and a["summary"] == b["summary"]
     strip = lambda d: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
@@ -44,13 +62,13 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path):
     assert strip(full) == strip(part)
 
 
-def test_user_errors_are_one_clear_line(tmp_path, capsys):
+def test_user_errors_are_one_clear_line(tmp_path, capsys, tiny):
     assert main(["run", "--set", "data.alpha=-2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "data.alpha" in err and "greater than 0" in err and "Traceback" not in err
     out = tmp_path / "run"
-    assert main(["run", *TINY, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
-    assert main(["run", *TINY, "--out", str(out), "--no-progress"]) == 2
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
+    assert main(["run", *tiny, "--out", str(out), "--no-progress"]) == 2
     assert "--resume" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nothing")]) == 2
 

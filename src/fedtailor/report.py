@@ -49,6 +49,15 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     for k, v in results.get("method_summary", {}).items():
         if isinstance(v, (int, float, str)):
             lines.append(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}")
+    totals = results.get("round_totals", {})
+    for key, label in (("uplink_payload_MB", "protected uplink (MB, all releases)"),
+                       ("bits_per_coefficient_mean", "bits per coefficient (mean)"),
+                       ("perturbation_norm_mean", "measured perturbation norm (mean)"),
+                       ("encode_ms_mean", "encode ms per release (mean)"),
+                       ("h_norm2_mean", "||h||^2 (mean over rounds)"),
+                       ("uplink_MB", "uplink (MB)")):
+        if key in totals:
+            lines.append(f"  {label}: {totals[key]:.4g}")
     return lines
 
 

@@ -92,7 +92,9 @@ def run_experiment(
     if result.state.round < cfg.federation.rounds:
         log.info("stopped after round %d of %d; continue with --resume", result.state.round, cfg.federation.rounds)
     per_client = [
-        {"client": cid, "seen": setup.clients[cid].seen, **result.evaluation[cid]} for cid in sorted(result.evaluation)
+        {"client": cid, "seen": setup.clients[cid].seen, **result.evaluation[cid],
+         "num_examples": int(result.evaluation[cid]["num_examples"])}
+        for cid in sorted(result.evaluation)
     ]
     results = {
         "name": cfg.name,
@@ -108,6 +110,8 @@ def run_experiment(
         "wall_seconds": time.perf_counter() - t0,
     }
     (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
+    for name, text in method.artifacts(result.state.server).items():
+        (out / name).write_text(text)
     with (out / "clients.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(per_client[0]))
         writer.writeheader()

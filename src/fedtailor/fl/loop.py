@@ -141,6 +141,7 @@ def run_federated(
     rounds = schedule.shape[0]
     last = rounds if stop_after is None else min(rounds, stop_after)
     bar = tqdm(total=last, initial=state.round, disable=not progress, desc=method.name, unit="round", leave=False)
+    shown: dict[str, str] = {}  # the latest accuracies and loss, kept on the bar between evaluations
     try:
         for rnd in range(state.round + 1, last + 1):
             record = _fit_round(method, state, clients, rnd, schedule[rnd - 1])
@@ -151,8 +152,9 @@ def run_federated(
             state.history.append(record)
             if on_round is not None:
                 on_round(record)
+            shown.update({k: f"{v:.3g}" for k, v in record.items() if k.endswith("accuracy") or k == "loss"})
+            bar.set_postfix(shown, refresh=False)
             bar.update(1)
-            bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k.endswith("accuracy") or k == "loss"})
             if ckpt is not None and (rnd % checkpoint_every == 0 or rnd == last):
                 save_checkpoint(ckpt, state, schedule)
     finally:

@@ -76,5 +76,9 @@ class Method(ABC, Generic[S, C]):
 
     # ----- run-level extras ----------------------------------------------------------------------------
     def summary(self, server: S) -> dict[str, Any]:
-        """Method-specific facts for the run's results (e.g. the privacy ledger); JSON-serialisable."""
+        """Method-specific facts for the run's results (e.g. eps and sigma); JSON-serialisable."""
+        return {}
+
+    def artifacts(self, server: S) -> dict[str, str]:
+        """Files (name -> text) the run directory keeps besides the results, e.g. the privacy ledger."""
         return {}

@@ -345,6 +345,9 @@ class CompactAdaptation(Method[CompactState, None]):
             "releases": len(ledger.releases),
         }
 
+    def artifacts(self, server: CompactState) -> dict[str, str]:
+        return {"privacy_ledger.json": server.ledger.to_json()}
+
 
 def _codec_options(cfg: CompactConfig) -> dict[str, Any]:
     if cfg.codec == "lrsuq":

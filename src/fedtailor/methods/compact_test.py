@@ -155,3 +155,15 @@ def test_dg_and_lrsuq_learning_curves_are_statistically_indistinguishable():
     assert np.allclose(dg_loss, lrsuq_loss, atol=0.05)
     other, _ = _update_norms('method.codec="dg-fp32"', "method.privacy.epsilon=6.5")
     assert stats.ks_2samp(dg, other).pvalue < 1e-6
+
+
+def test_resumed_private_run_has_the_same_ledger_and_generator(tmp_path):
+    setup, method = small()
+    full = run_federated(method, setup.clients, setup.schedule, progress=False)
+    ckpt = tmp_path / "ckpt.pt"
+    run_federated(small()[1], setup.clients, setup.schedule, checkpoint=ckpt, progress=False, stop_after=5)
+    resumed = run_federated(small()[1], setup.clients, setup.schedule, checkpoint=ckpt, progress=False)
+    a, b = full.state.server, resumed.state.server
+    assert a.ledger.to_json() == b.ledger.to_json()  # nothing spent twice, nothing forgotten
+    assert all(torch.equal(a.omega[k], b.omega[k]) for k in a.omega)
+    assert full.evaluation == resumed.evaluation
