@@ -54,6 +54,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                        ("bits_per_coefficient_mean", "bits per coefficient (mean)"),
                        ("perturbation_norm_mean", "measured perturbation norm (mean)"),
                        ("encode_ms_mean", "encode ms per release (mean)"),
+                       ("decode_ms_mean", "decode ms per release (mean)"),
                        ("h_norm2_mean", "||h||^2 (mean over rounds)"),
                        ("uplink_MB", "uplink (MB)")):
         if key in totals:

@@ -89,7 +89,7 @@ def save_checkpoint(path: Path, state: LoopState, schedule: np.ndarray) -> None:
 
 
 def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:
-    blob = torch.load(Path(path), map_location="cpu", weights_only=False)
+    blob = torch.load(Path(path), weights_only=False)  # tensors return to the device they were saved from
     if blob.get("format") != 1 or blob.get("schedule") != _schedule_digest(schedule):
         raise ValueError(
             f"checkpoint {path} was written for a different schedule or format; "

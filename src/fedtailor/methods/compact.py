@@ -161,7 +161,8 @@ class CompactAdaptation(Method[CompactState, None]):
         self.secret = derive_seed(seed, "release-secret")  # shared by encoder and decoder (trust boundary)
         self.schedule, self.seen = schedule, sorted(seen)
         self.replay_gains = _load_replay_gains(cfg.replay_from, len(schedule)) if cfg.generator == "replay" else None
-        self._decoded: dict[tuple[int, int], torch.Tensor] = {}
+        self._decoded: dict[tuple[int, int], torch.Tensor] = {}  # accepted releases awaiting aggregation
+        self._decode_ms: list[float] = []
 
     # ----- privacy plan ----------------------------------------------------------------------------------
     @property
@@ -273,10 +274,12 @@ class CompactAdaptation(Method[CompactState, None]):
                 raise InvalidMessage(f"context release of client {cid} is far outside the bounded range.")
             return
         payload = reply.value("payload", bytes)
+        t0 = time.perf_counter()
         try:
             g = self.codec.decode(payload, key=release_key(self.secret, cid, rnd), sigma=server.sigma, dim=self.k)
         except CodecError as err:
             raise InvalidMessage(f"undecodable release: {err}") from err
+        self._decode_ms.append(1e3 * (time.perf_counter() - t0))
         if not np.all(np.isfinite(g)):
             raise InvalidMessage("decoded release contains non-finite values.")
         self._decoded[(rnd, cid)] = torch.as_tensor(g, dtype=torch.float32, device=self.device)
@@ -304,6 +307,9 @@ class CompactAdaptation(Method[CompactState, None]):
             metrics["h_norm2"] = float((h.detach() ** 2).sum(1).mean())
         if self.replay_gains is not None:
             metrics["replay_gain"] = gain
+        if self._decode_ms:
+            metrics["decode_ms"] = float(np.mean(self._decode_ms))
+            self._decode_ms = []
         for key in ("encode_ms", "perturbation_norm", "clip_fraction"):
             vals = [float(replies[c].config[key]) for c in cids if key in replies[c].config]
             if vals:

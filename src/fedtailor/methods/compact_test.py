@@ -3,6 +3,7 @@ malformed releases, and unseen clients served from their context alone."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from scipy import stats
 
 from fedtailor.codecs import release_key
-from fedtailor.config import load_config
+from fedtailor.config import COMPACT_VARIANTS, load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import InvalidMessage, Message
@@ -19,6 +20,7 @@ from fedtailor.fl.schedule import participation_counts
 from fedtailor.methods.compact import Generator
 from fedtailor.privacy.accountant import make_accountant
 from fedtailor.privacy.calibrate import calibrate_sigma
+from fedtailor.runner import run_experiment
 
 SMALL = [
     'data.dataset="mnist-5k"', "data.num_clients=10", "data.num_unseen=2", "data.context_size=60",
@@ -167,3 +169,28 @@ def test_resumed_private_run_has_the_same_ledger_and_generator(tmp_path):
     assert a.ledger.to_json() == b.ledger.to_json()  # nothing spent twice, nothing forgotten
     assert all(torch.equal(a.omega[k], b.omega[k]) for k in a.omega)
     assert full.evaluation == resumed.evaluation
+
+
+@pytest.mark.parametrize("variant", sorted(COMPACT_VARIANTS))
+def test_every_variant_of_the_paper_runs_and_reports(variant, tmp_path):
+    extra = ["federation.rounds=3", f'method.variant="{variant}"']
+    if variant == "replay":  # Replay reads the per-round gains of a finished factorized run
+        cfg = load_config(None, [*SMALL, "federation.rounds=3", 'method.variant="factorized"'])
+        factorized = run_experiment(cfg, tmp_path / "factorized", progress=False)
+        extra.append(f'method.replay_from="{factorized}"')
+    setup, method = small(*extra)
+    result = run_federated(method, setup.clients, setup.schedule, progress=False)
+    axes = COMPACT_VARIANTS[variant]
+    dim = method.d if axes["space"] == "full" else 2048
+    assert method.k == dim and result.history[-1]["rejected"] == 0
+    rec = result.history[-1]
+    assert ("h_norm2" in rec) == (axes["generator"] in ("factorized", "deeplin", "radial"))
+    assert rec["bits_per_coefficient"] == pytest.approx({"dg-fp32": 32, "dg-q12": 12}.get(axes["codec"], 1.0), rel=0.5)
+    if variant == "replay":
+        gains = [json.loads(line)["h_norm2"] for line in (factorized / "metrics.jsonl").read_text().splitlines()]
+        assert [r["replay_gain"] for r in result.history] == pytest.approx(gains)
+    summary = method.summary(result.state.server)
+    assert summary["epsilon_max"] <= 8.0 * (1 + 1e-9)
+    private_ctx = axes["context"] == "private"
+    assert bool(result.state.server.contexts) == private_ctx
+    assert all(0.0 <= m["accuracy"] <= 1.0 for m in result.evaluation.values())
