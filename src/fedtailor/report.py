@@ -72,7 +72,7 @@ def plot_run(results: dict[str, Any], history: list[dict[str, Any]], out_dir: st
     out_dir = Path(out_dir)
     paths = []
     series = sorted({k for r in history for k, v in r.items() if isinstance(v, (int, float)) and
-                     (k == "loss" or k.endswith("accuracy"))})
+                     (k == "loss" or k.endswith("accuracy") or k.endswith("/loss"))})
     if history and series:
         fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.4), squeeze=False)
         for ax, key in zip(axes[0], series):
@@ -81,7 +81,9 @@ def plot_run(results: dict[str, Any], history: list[dict[str, Any]], out_dir: st
             ax.set_xlabel("round")
             ax.set_title(key)
             ax.grid(alpha=0.3)
-        fig.suptitle(f"{results['method']} on {results['dataset']} (seed {results['seed']})")
+        variant = results.get("method_summary", {}).get("variant")
+        label = f"{results['method']} ({variant})" if variant else results["method"]
+        fig.suptitle(f"{label} on {results['dataset']} (seed {results['seed']})")
         fig.tight_layout()
         paths.append(out_dir / "learning_curves.png")
         fig.savefig(paths[-1], dpi=110)

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ class CompactAdaptation(Method[CompactState, None]):
         self,
         *,
         cfg: CompactConfig,
-        model_fn: Any,
+        model_fn: Callable[[], nn.Module],
         input_shape: tuple[int, int, int],
         schedule: np.ndarray,
         seen: list[int],
@@ -157,6 +158,7 @@ class CompactAdaptation(Method[CompactState, None]):
         self.u0 = torch.randn(self.context_dim, generator=torch_generator(seed, "public-context")).to(device)
         self.generator = Generator(kind=cfg.generator, context_dim=self.context_dim, hidden_dim=cfg.hidden_dim,
                                    out_dim=self.k, seed=seed, init_gain=cfg.init_gain).to(device)
+        self.omega0 = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}  # public init
         self.codec = get_codec(cfg.codec, **_codec_options(cfg))
         self.secret = derive_seed(seed, "release-secret")  # shared by encoder and decoder (trust boundary)
         self.schedule, self.seen = schedule, sorted(seen)
@@ -188,8 +190,7 @@ class CompactAdaptation(Method[CompactState, None]):
             plan = {c: ([(dc, sigma)] if dc else []) + [(dg, sigma)] * int(counts[c]) for c in self.seen}
             self._guard(ledger).check_plan(plan)
             log.info("calibrated sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
-        omega = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}
-        return CompactState(omega=omega, sigma=sigma, ledger=ledger)
+        return CompactState(omega={k: v.clone() for k, v in self.omega0.items()}, sigma=sigma, ledger=ledger)
 
     # ----- one-shot context release (setup phase) ------------------------------------------------------------
     def configure_setup(self, server: CompactState, cid: int) -> Message | None:

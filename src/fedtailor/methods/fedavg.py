@@ -40,10 +40,11 @@ class FedAvg(Method[FedAvgState, None]):
         self.model = model_fn().to(device)  # one working copy, loaded with whichever parameters are needed
         self.lr, self.local_epochs, self.batch_size = lr, local_epochs, batch_size
         self.momentum, self.seed, self.device = momentum, seed, device
-        self.dim = sum(p.numel() for p in self.model.parameters())
+        self.theta0 = get_flat(self.model)  # the initial global model, fixed by the public seed
+        self.dim = self.theta0.numel()
 
     def init_server(self) -> FedAvgState:
-        return FedAvgState(params=get_flat(self.model))
+        return FedAvgState(params=self.theta0.clone())
 
     def configure_fit(self, server: FedAvgState, rnd: int, cid: int) -> Message:
         return Message(arrays={"params": server.params}, config={"round": rnd})
