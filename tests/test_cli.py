@@ -79,3 +79,19 @@ def test_commands_exist(cmd, capsys):
         assert main(cmd) == 0
     except SystemExit as e:  # argparse --help
         assert e.code == 0
+
+
+def test_sweep_aggregates_over_seeds_and_resumes(tmp_path, tiny, capsys, monkeypatch):
+    out = tmp_path / "sweep"
+    args = ["sweep", *tiny, "--seeds", "1,2", "--grid", "method.lr=0.05,0.2", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [r["method.lr"] for r in rows] == ["0.05", "0.2"]
+    per_seed = [json.loads((out / "lr=0.05" / f"seed{s}" / "results.json").read_text())["summary"]["seen/accuracy"]
+                for s in (1, 2)]
+    mean = 100 * sum(per_seed) / 2
+    assert rows[0]["seen/accuracy"].startswith(f"{mean:.2f} +- ")  # mean over seeds of per-client means
+    import fedtailor.sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_experiment", lambda *a, **k: pytest.fail("finished runs must be skipped"))
+    assert main(args) == 0
