@@ -142,12 +142,14 @@ def run_federated(
     last = rounds if stop_after is None else min(rounds, stop_after)
     bar = tqdm(total=last, initial=state.round, disable=not progress, desc=method.name, unit="round", leave=False)
     shown: dict[str, str] = {}  # the latest accuracies and loss, kept on the bar between evaluations
+    final: dict[int, Metrics] | None = None  # an evaluation made at the last round is not repeated
     try:
         for rnd in range(state.round + 1, last + 1):
             record = _fit_round(method, state, clients, rnd, schedule[rnd - 1])
             if eval_every and (rnd % eval_every == 0 or rnd == rounds):
                 evaluation = evaluate_clients(method, state, clients)
                 record.update(summarize(evaluation, clients))
+                final = evaluation if rnd == last else None
             state.round = rnd
             state.history.append(record)
             if on_round is not None:
@@ -159,9 +161,7 @@ def run_federated(
                 save_checkpoint(ckpt, state, schedule)
     finally:
         bar.close()
-    if ckpt is not None and state.round == last:
-        save_checkpoint(ckpt, state, schedule)
-    return RunResult(state=state, evaluation=evaluate_clients(method, state, clients))
+    return RunResult(state=state, evaluation=final if final is not None else evaluate_clients(method, state, clients))
 
 
 def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:
