@@ -6,7 +6,10 @@ k = 16,384 is 5.6 GB, so the naive projection is timed with a dense P of k_small
 k / k_small (a dense matrix product costs linearly in k).
 
     python benchmarks/bench_compact_round.py [--threads 2] [--repeat 3] [--codec lrsuq]
-    python benchmarks/bench_compact_round.py --full-run      # also time the paper's 500-round MNIST run
+    python benchmarks/bench_compact_round.py --full-run      # also time the full 500-round MNIST run
+
+The full run is the MNIST setting of *Privacy-Aligned Personalized Federated Learning with Compact
+Adaptation and Variable-Length Gaussian Communication*.
 """
 
 from __future__ import annotations

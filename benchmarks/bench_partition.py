@@ -1,6 +1,6 @@
 """Time the equal-size Dirichlet partition of the 70,000 MNIST labels against a per-record Python loop.
 
-Both implement the same interleaved fill (SPEC section 1): per pass, clients in a fresh random order, each
+Both implement the same interleaved fill (``docs/data.md``): per pass, clients in a fresh random order, each
 draws a class from q_i renormalised over the classes with records left, then a record of that class. The
 baseline does one draw at a time in Python (inverse CDF, the cheapest per-draw form); ours vectorises each
 pass over clients (``fedtailor.data.partition.dirichlet_equal_partition``). The per-class Dirichlet variant

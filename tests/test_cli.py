@@ -95,3 +95,39 @@ def test_sweep_aggregates_over_seeds_and_resumes(tmp_path, tiny, capsys, monkeyp
 
     monkeypatch.setattr(sweep, "run_experiment", lambda *a, **k: pytest.fail("finished runs must be skipped"))
     assert main(args) == 0
+
+
+def test_resume_with_a_changed_config_is_refused(tmp_path, capsys, tiny):
+    out = tmp_path / "run"
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
+    capsys.readouterr()
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--resume", "--set", "method.lr=0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "different config" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert json.loads((out / "results.json").read_text())["rounds_completed"] == 1  # untouched
+
+
+def test_a_privacy_budget_refusal_is_one_clear_line(tmp_path, capsys):
+    """A fixed sigma too small for the schedule: the budget guard refuses before any release, and the CLI says
+    which client would exceed the target and how to fix it."""
+    args = ["run", "configs/compact/mnist-eps16.toml", "--set", "method.privacy.sigma=0.001", "--set",
+            "federation.rounds=20", "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "would reach eps" in err and "above the target eps = 16" in err and "Raise sigma" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_shipped_config_loads():
+    from pathlib import Path
+
+    from fedtailor.cli.run import default_config
+    from fedtailor.config import COMPACT_VARIANTS, load_config
+
+    paths = sorted(Path("configs").rglob("*.toml")) + [default_config()]
+    assert len(paths) >= 9
+    for path in paths:
+        cfg = load_config(path)
+        assert cfg.method.name == "compact" and cfg.method.privacy.randomness == "simulation", path
+        assert cfg.method.variant in COMPACT_VARIANTS, path
+        assert cfg.data.dataset in ("mnist", "fashion-mnist"), path

@@ -33,6 +33,9 @@ class DataConfig(_Section):
     num_unseen: int = Field(10, ge=0)
     alpha: float = Field(0.5, gt=0)
     eval_fraction: float = Field(0.2, gt=0, lt=1)
+    validation: float = Field(
+        0.0, ge=0, lt=1, description="> 0: hold out this fraction of each seen client's training records and evaluate "
+        "on it instead of the test split (for choosing hyperparameters; unseen clients are not evaluated)")
     context_size: int = Field(333, ge=1)
     limit: int | None = Field(None, ge=100, description="use only the first N pooled records (quick runs)")
 
@@ -67,6 +70,13 @@ class PrivacyConfig(_Section):
     conversion: Literal["closed-form", "balle", "exact"] = "closed-form"
     clip: float = Field(1.0, gt=0, description="C_g, per-record clipping norm of coefficient gradients")
     batch_size: int = Field(333, ge=1, description="m_g, records per coefficient-gradient release")
+    randomness: Literal["secure", "simulation"] = Field(
+        "secure", description="where noise and codec keys come from: 'secure' = 256-bit keys from OS entropy drawn "
+        "by each client (not reproducible); 'simulation' = derived from the seed (reproducible; whoever has the "
+        "config can regenerate the noise, so eps holds only while the seed is secret)")
+    sigma: float | None = Field(
+        None, gt=0, description="fixed noise scale instead of calibrating it from epsilon; a schedule that would "
+        "exceed epsilon with it is refused before anything is released")
 
 
 # Paper names (Table 1 and the geometry controls) -> settings of the four axes.
@@ -103,13 +113,21 @@ class CompactConfig(_Section):
     coef_dim: int = Field(16_384, ge=1, description="k, dimension of the coefficient subspace")
     hidden_dim: int = Field(100, ge=1, description="r, hidden dimension of h_psi")
     lr: float = Field(0.1, gt=0, description="eta, server SGD step (0.1 MNIST, 0.2 CIFAR-10 in the paper)")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="eta_t = eta (constant) or eta (1 + cos(pi (t - 1) / R)) / 2 over the R rounds (cosine)")
     init_gain: float | None = Field(
         None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)")
     subspace_stages: int = Field(2, ge=1, le=4)
-    subspace_transform: Literal["blocked-dct", "dct"] = Field(
-        "blocked-dct", description="fast orthogonal transform behind P (docs/subspace.md)")
+    subspace_transform: Literal["kronecker", "blocked-dct", "dct"] = Field(
+        "blocked-dct", description="how P is built and applied (docs/subspace.md): Kronecker factors or a fast DCT")
     replay_from: str | None = Field(None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses")
-    diagnostics: bool = Field(True, description="clients also report the realised noise norm (simulation only)")
+    padding: bool = Field(
+        True, description="pad variable-length releases (lrsuq, layered) to one fixed length set from public inputs, "
+        "so that message sizes reveal nothing about the data (off: sizes depend on ||u|| and the run's eps is void)")
+    pad_bytes: int | None = Field(None, ge=64, description="the padded message size (default: from public probes)")
+    diagnostics: bool = Field(
+        False, description="clients also report the realised noise norm, clip fraction, message size and coding "
+        "time: each is outside the DP guarantee, so a run with diagnostics reports its eps as void")
     privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="before")
@@ -134,6 +152,9 @@ class CompactConfig(_Section):
             raise ValueError(f"codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use dg-fp32.")
         if self.generator == "replay" and not self.replay_from:
             raise ValueError("generator 'replay' needs replay_from = the run directory of a 'factorized' run.")
+        if self.privacy.sigma is not None and self.privacy.epsilon == float("inf"):
+            raise ValueError("method.privacy.sigma fixes the noise of a private run: give a finite epsilon target too "
+                             "(the schedule is checked against it), or drop sigma for a run without noise.")
         if self.space == "full" and self.codec != "dg-fp32":
             raise ValueError("the full-space variants release dense full-model gradients: use codec dg-fp32.")
         return self

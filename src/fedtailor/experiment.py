@@ -14,7 +14,7 @@ import torch
 
 from fedtailor.config import RunConfig
 from fedtailor.data.datasets import ImageDataset, load_dataset
-from fedtailor.data.partition import FederatedPartition, federated_partition
+from fedtailor.data.partition import FederatedPartition, federated_partition, holdout_validation
 from fedtailor.device import select_device
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData
@@ -63,15 +63,16 @@ METHOD_BUILDERS: dict[str, Callable[[Setup], Method]] = {"fedavg": _fedavg, "com
 
 
 def client_data(dataset: ImageDataset, partition: FederatedPartition, device: torch.device) -> dict[int, ClientData]:
-    """Each client's records as tensors on ``device``: train (x, y), eval (x, y) and the context inputs."""
+    """Each client's records as tensors on ``device``: train (x, y), eval (x, y) (None when the client has no
+    evaluation records: it is then not evaluated) and the context inputs."""
 
     def take(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         i = np.asarray(idx, dtype=np.int64)  # fancy indexing copies, so the cached arrays stay read-only
         return torch.from_numpy(dataset.x[i]).to(device), torch.from_numpy(dataset.y[i]).to(device)
 
     return {
-        c.client_id: ClientData(cid=c.client_id, seen=c.seen, train=take(c.train), eval=take(c.eval),
-                                context=take(c.context)[0])
+        c.client_id: ClientData(cid=c.client_id, seen=c.seen, train=take(c.train),
+                                eval=take(c.eval) if c.eval.size else None, context=take(c.context)[0])
         for c in partition.clients
     }
 
@@ -89,6 +90,8 @@ def build_setup(cfg: RunConfig) -> Setup:
         labels, num_clients=d.num_clients, num_unseen=d.num_unseen, alpha=d.alpha, scheme=d.scheme,
         eval_fraction=d.eval_fraction, context_size=d.context_size, seed=cfg.seed,
     )
+    if d.validation > 0:
+        partition = holdout_validation(partition, fraction=d.validation, seed=cfg.seed)
     seen = np.asarray(partition.seen, dtype=np.int64)
     order = uniform_schedule(num_clients=len(seen), rounds=cfg.federation.rounds,
                              per_round=cfg.federation.clients_per_round, seed=cfg.seed)

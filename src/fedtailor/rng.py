@@ -4,11 +4,16 @@ A key path such as ``(seed, "schedule")`` or ``(seed, "noise", round, client)`` 
 so the draws of one round or client never depend on how many draws happened before them. This is what
 makes runs reproducible, resumable from a checkpoint, and identical between the in-process loop and a
 distributed (Flower) run.
+
+That is right for public randomness (partition, schedule, initialisation, the subspace P) and for privacy noise
+in *simulation*. Privacy noise outside simulation must not be a function of the config: its keys come from
+:func:`fresh_key` (see ``fedtailor.privacy.noise`` and docs/privacy.md, "Randomness").
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 
 from typing import TYPE_CHECKING
 
@@ -22,6 +27,10 @@ KeyPart = int | str | bytes
 
 def derive_seed(*path: KeyPart) -> int:
     """A 63-bit seed determined by ``path`` alone (SHA-256 of its canonical encoding)."""
+    return int.from_bytes(_digest(path)[:8], "little") >> 1
+
+
+def _digest(path: tuple[KeyPart, ...]) -> bytes:
     if not path:
         raise ValueError("derive_seed needs at least one key part, e.g. derive_seed(seed, 'partition').")
     h = hashlib.sha256()
@@ -35,7 +44,20 @@ def derive_seed(*path: KeyPart) -> int:
         else:
             tag, raw = b"i", str(int(part)).encode()
         h.update(tag + len(raw).to_bytes(8, "little") + raw)
-    return int.from_bytes(h.digest()[:8], "little") >> 1
+    return h.digest()
+
+
+def derive_key(*path: KeyPart) -> int:
+    """A 256-bit key determined by ``path`` alone (the whole SHA-256 digest of its canonical encoding).
+
+    Keys of the privacy mechanisms are this wide so that a secret key (:func:`fresh_key`) keeps its 256 bits of
+    entropy through every derivation, instead of the 63 bits of :func:`derive_seed`."""
+    return int.from_bytes(_digest(path), "little")
+
+
+def fresh_key() -> int:
+    """A 256-bit secret from the operating system's CSPRNG (``secrets``), never derived from a config or seed."""
+    return secrets.randbits(256)
 
 
 def numpy_rng(*path: KeyPart) -> np.random.Generator:

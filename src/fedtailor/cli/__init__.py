@@ -7,6 +7,8 @@ import importlib
 import logging
 import sys
 
+from fedtailor.privacy.ledger import PrivacyBudgetExceeded
+
 # Modules under fedtailor.cli that define ``register(subparsers)``; each adds its subcommands.
 _COMMAND_MODULES = ("run", "datasets", "privacy", "codec")
 
@@ -33,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as err:  # user errors: one clear line, no traceback
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError, PrivacyBudgetExceeded) as err:
+        # user errors (and a release the privacy budget refuses): one clear line, no traceback
         if args.verbose:
             raise
         print(f"fedtailor {args.command}: error: {err}", file=sys.stderr)

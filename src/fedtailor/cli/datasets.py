@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "partition",
         help="federated split of a dataset: per-client class histogram table (and plot)",
-        description="Partition a dataset as in SPEC section 1 and print one row per client.",
+        description="Partition a dataset (the data protocol of docs/data.md) and print one row per client.",
     )
     p.add_argument(
         "--dataset",
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scheme", choices=SCHEMES, default="dirichlet-equal", help="partition scheme")
     p.add_argument("--eval-fraction", type=float, default=0.2, help="seen clients' eval share (default 0.2)")
     p.add_argument("--context-size", type=int, default=333, help="conditioning set size m_c (default 333)")
-    p.add_argument("--seed", type=int, required=True, help="seed (SPEC runs: 41..45)")
+    p.add_argument("--seed", type=int, required=True, help="seed (the reported runs use 41..45)")
     p.add_argument("--max-rows", type=int, default=60, help="clients shown in the table (default 60)")
     p.add_argument("--plot", default=None, help="write a stacked-bar PNG of class shares to this path")
     p.set_defaults(func=_partition)

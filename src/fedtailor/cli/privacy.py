@@ -1,4 +1,8 @@
-"""``fedtailor privacy``: noise calibration for the fixed uniform schedule (SPEC section 1, paper Eq. 7)."""
+"""``fedtailor privacy``: noise calibration for the fixed uniform schedule (``docs/privacy.md``).
+
+The closed form is Eq. 7 of *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and
+Variable-Length Gaussian Communication*.
+"""
 
 from __future__ import annotations
 
@@ -122,8 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "calibrate",
         help="sample the fixed uniform schedule and calibrate sigma for a target (eps, delta)",
         description="Samples the fixed schedule (per_round distinct clients per round, uniformly), reports "
-        "T_max, and calibrates the common sigma under each conversion (closed-form = the paper's, balle, "
-        "exact), with the eps every conversion gives at each sigma.",
+        "T_max, and calibrates the common sigma under each conversion (closed-form = the compact-adaptation "
+        "paper's, balle, exact), with the eps every conversion gives at each sigma.",
     )
     cal.add_argument("--eps", type=_positive_float, required=True, help="target epsilon")
     cal.add_argument("--delta", type=_positive_float, default=1e-5, help="target delta (default 1e-5)")

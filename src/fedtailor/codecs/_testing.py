@@ -1,4 +1,4 @@
-"""Broken LRSUQ variants: the negative controls the exactness battery must reject (SPEC "LRSUQ").
+"""Broken LRSUQ variants: the negative controls the exactness battery must reject.
 
 Each repeats one defect seen in public implementations of the idea, by overriding one hook of
 :class:`~fedtailor.codecs.lrsuq.LRSUQCodec`; all still produce messages that decode without error, which is
@@ -11,7 +11,7 @@ import numpy as np
 
 from fedtailor.codecs.base import release_key
 from fedtailor.codecs.lrsuq import LRSUQCodec
-from fedtailor.rng import derive_seed
+from fedtailor.rng import derive_key, derive_seed
 
 
 class ChiBRadius(LRSUQCodec):
@@ -46,7 +46,7 @@ class FixedSeed(LRSUQCodec):
     """Shared randomness from a constant seed: every release reuses the same radius and dithers."""
 
     def stream_key(self, key: int, purpose: str) -> int:
-        return derive_seed(0, "lrsuq", purpose)
+        return derive_key(0, "lrsuq", purpose)
 
 
 class AcceptOnLattice(LRSUQCodec):

@@ -2,7 +2,8 @@
 
 Every codec maps a float vector ``u`` and a per-release key to ``bytes`` (``encode``) and back to the noisy
 float64 vector (``decode``). The key is the shared randomness of one release; it is derived from
-(run secret, client, round) by :func:`release_key` and must never be reused for another release.
+(secret, client, round) by :func:`release_key` and must never be reused for another release. Keys are 256-bit
+ints; every random word a codec uses comes from :func:`fedtailor.privacy.noise.stream_words` (SHAKE-256).
 Every failure to decode raises :class:`CodecError` with a message that names the problem.
 """
 
@@ -14,7 +15,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from fedtailor.rng import derive_seed
+from fedtailor.privacy.noise import check_key
+from fedtailor.rng import derive_key
 
 # Inputs beyond this many sigmas are refused: the float64 error E = y - u would lose more than 2^-20 of its
 # resolution (and no sensitivity-bounded statistic comes near it).
@@ -28,12 +30,13 @@ class CodecError(ValueError):
 
 
 def release_key(secret: int, client: int, round: int) -> int:
-    """The shared-randomness key of client ``client``'s release in round ``round`` (63-bit).
+    """The shared-randomness key of client ``client``'s release in round ``round`` (256-bit).
 
-    Derived as ``derive_seed(secret, "release", client, round)``, so every (client, round) gets a fresh,
-    independent key; encoder and decoder both call this with the run secret.
+    Derived as ``derive_key(secret, "release", client, round)``, so every (client, round) gets a fresh,
+    independent key; encoder and decoder both call this with the same secret: in secure mode a 256-bit secret
+    the client drew from OS entropy and gave only to the decoder, in simulation one derived from the run seed.
     """
-    return derive_seed(secret, "release", client, round)
+    return derive_key(secret, "release", client, round)
 
 
 class Codec(ABC):
@@ -55,20 +58,6 @@ class Codec(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
-
-
-def check_key(key: object) -> int:
-    """``key`` as a Python int in [0, 2^64); a clear error otherwise."""
-    if isinstance(key, bool) or not isinstance(key, numbers.Integral):
-        raise TypeError(
-            f"key must be an int (use release_key(secret, client, round)), got {type(key).__name__}"
-        )
-    k = int(key)
-    if not 0 <= k < 2**64:
-        raise ValueError(
-            f"key must lie in [0, 2^64), got {k}; derive it with release_key(secret, client, round)"
-        )
-    return k
 
 
 def check_sigma(sigma: object, *, allow_zero: bool = False) -> float:

@@ -1,4 +1,4 @@
-"""Statistical battery for exactness of an LRSUQ codec (SPEC "LRSUQ", "Tests must include").
+"""Statistical battery for exactness of an LRSUQ codec (``docs/codecs.md``, "Exactness").
 
 Each input class is released once (``n_blocks`` blocks, fresh key per release) through the codec's bytes
 (``encode`` then ``decode``); ``E = y - u``. Per class:
@@ -118,7 +118,7 @@ def input_classes(n_blocks: int, b: int, sigma: float, *, seed: int) -> dict[str
     ``zero``; ``tiny`` (1e-12 sigma with signs, a few subnormals); ``huge`` (+-1e3 sigma); ``boundary``
     (half-integer multiples of the cell side at the median radius, i.e. faces of the undithered cells:
     ``(n + 1/2) * 2 sigma * median(chi_{b+2})``; with dithering no input is special, which is the claim);
-    ``gaussian`` (the regime of SPEC: ``N(0, 1/16384)`` per coordinate, i.e. ``||u|| = 1`` at k = 16,384).
+    ``gaussian`` (the eps = 16 regime: ``N(0, 1/16384)`` per coordinate, i.e. ``||u|| = 1`` at k = 16,384).
     """
     d = n_blocks * b
     rng = np.random.default_rng(seed)

@@ -1,8 +1,10 @@
 """Side-by-side measurement of the codecs: bits per coefficient and encode/decode time per release.
 
-Shared by ``benchmarks/bench_codecs.py`` and ``fedtailor codec bench``. The setting is SPEC's eps = 16 regime:
-k = 16,384 coefficients, ||u|| = 1 (a uniformly random direction per release), sigma = 0.01468, a fresh
-release key per release. Times are medians over releases of one encode and one decode, in the calling thread.
+Shared by ``benchmarks/bench_codecs.py`` and ``fedtailor codec bench``. The setting is the eps = 16 regime
+of *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and Variable-Length Gaussian
+Communication*: k = 16,384 coefficients, ||u|| = 1 (a uniformly random direction per release),
+sigma = 0.01468, a fresh release key per release. Times are medians over releases of one encode and one
+decode, in the calling thread.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def bench_codecs(
 
 
 def bench_notes(*, k: int = 16384, sigma: float = 0.01468, norm: float = 1.0) -> str:
-    """Reference figures printed under the table: floor, ideal K rates, the paper's numbers."""
+    """Reference figures under the table: floor, ideal K rates, the compact-adaptation paper's numbers."""
     z4, d4 = LRSUQCodec(), LRSUQCodec(lattice="D4")
     return (
         f"Setting: k = {k}, sigma = {sigma}, ||u|| = {norm}, fresh key per release; bpc includes the 26-byte frame.\n"

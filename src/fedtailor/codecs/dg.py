@@ -1,9 +1,10 @@
-"""Direct Gaussian baselines (SPEC "compared variants"): DG FP32 and DG+Q12.
+"""Direct Gaussian baselines (compared variants, ``docs/compact.md``): DG FP32 and DG+Q12.
 
 * ``dg-fp32``: ``y = u + e``, ``e ~ N(0, sigma^2 I)`` drawn from the release key, sent as dense float32
   (32 bits per coefficient). The decoded vector is ``y`` rounded to float32.
-* ``dg-q12``: the paper's communication comparison: the noisy vector quantised *after* noising to 12 bits,
-  uniformly over its range ``[min y, max y]`` (both float64 in the payload); decoded as
+* ``dg-q12``: the communication comparison of *Privacy-Aligned Personalized Federated Learning with Compact
+  Adaptation and Variable-Length Gaussian Communication*: the noisy vector quantised *after* noising to 12
+  bits, uniformly over its range ``[min y, max y]`` (both float64 in the payload); decoded as
   ``lo + q (hi - lo) / 4095``. Its error is not Gaussian: the quantisation distortion comes on top of ``e``.
 """
 
@@ -15,15 +16,14 @@ import numpy as np
 
 from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, check_key, check_sigma
 from fedtailor.codecs.format import Frame, open_message, seal
-from fedtailor.rng import derive_seed
+from fedtailor.privacy import noise
 
 LEVELS = 4095
 
 
 def gaussian_noise(key: int, sigma: float, dim: int) -> np.ndarray:
-    """``N(0, sigma^2 I_dim)`` from the release key (Philox stream ``(key, "dg", "noise")``)."""
-    gen = np.random.Generator(np.random.Philox(key=derive_seed(key, "dg", "noise")))
-    return sigma * gen.standard_normal(dim)
+    """``N(0, sigma^2 I_dim)`` from the release key (:func:`fedtailor.privacy.noise.gaussian_noise`, label "dg")."""
+    return noise.gaussian_noise(key, "dg", sigma=sigma, size=dim)
 
 
 def _decode_args(key: object, sigma: object, dim: object, *, allow_zero: bool = False) -> tuple[int, float, int]:
@@ -35,7 +35,7 @@ def _decode_args(key: object, sigma: object, dim: object, *, allow_zero: bool = 
 
 class DirectGaussianCodec(Codec):
     """DG FP32: noise from the key, then the dense float32 vector. ``sigma = 0`` sends ``u`` itself (the
-    noiseless controls of the paper)."""
+    noiseless controls of the compact-adaptation paper)."""
 
     name = "dg-fp32"
     codec_id = 1

@@ -1,4 +1,4 @@
-"""Entropy coding of the LRSUQ indices (K, M) of one release (SPEC "LRSUQ", step 4).
+"""Entropy coding of the LRSUQ indices (K, M) of one release (``docs/codecs.md``).
 
 Two coders, both vectorised over blocks:
 

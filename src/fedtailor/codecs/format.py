@@ -120,3 +120,35 @@ def open_message(message: bytes, frame: Frame, *, dim: int, key: int, sigma: flo
             "same release_key(secret, client, round) and sigma as the encoder"
         )
     return message[HEADER_BYTES : HEADER_BYTES + n]
+
+
+_PAD_HEADER = struct.Struct("<4sI")
+PAD_MAGIC = b"FTP\x00"
+
+
+def pad(message: bytes, *, size: int) -> bytes:
+    """``message`` padded with zero bytes to exactly ``size`` bytes (8 bytes of header: magic, true length).
+
+    A variable-length release whose size would reveal something about its input is sent padded: every padded
+    message of a run has the same size. A message that does not fit is refused (``ValueError``) rather than
+    sent at another size."""
+    if len(message) + _PAD_HEADER.size > size:
+        raise ValueError(
+            f"a release of {len(message)} bytes does not fit the fixed message size of {size} bytes; set "
+            "method.pad_bytes larger (the default comes from public probes and is exceeded with negligible probability)"
+        )
+    return _PAD_HEADER.pack(PAD_MAGIC, len(message)) + message + bytes(size - _PAD_HEADER.size - len(message))
+
+
+def unpad(blob: bytes, *, size: int) -> bytes:
+    """Inverse of :func:`pad`; :class:`CodecError` unless ``blob`` is exactly a padded message of ``size`` bytes."""
+    if not isinstance(blob, (bytes, bytearray)) or len(blob) != size:
+        got = len(blob) if isinstance(blob, (bytes, bytearray)) else type(blob).__name__
+        raise CodecError(f"padded message must have exactly {size} bytes, got {got}")
+    magic, length = _PAD_HEADER.unpack_from(blob)
+    if magic != PAD_MAGIC or length > size - _PAD_HEADER.size:
+        raise CodecError("not a padded message (bad magic or length)")
+    end = _PAD_HEADER.size + length
+    if any(blob[end:]):
+        raise CodecError("padding bytes are not zero")
+    return bytes(blob[_PAD_HEADER.size : end])

@@ -1,4 +1,4 @@
-"""Lattices for the rejection-sampled universal quantiser (SPEC "LRSUQ", steps 2-3).
+"""Lattices for the rejection-sampled universal quantiser (steps 2-3 in ``docs/codecs.md``).
 
 A lattice ``L`` supplies: its nearest-point quantiser ``Q``; a dither ``V`` uniform on its Voronoi cell
 ``V0``, built exactly from raw 64-bit words; and the cell scale ``beta / rho`` that makes the scaled cell

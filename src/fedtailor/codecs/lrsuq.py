@@ -1,6 +1,7 @@
 """LRSUQ: the Gaussian mechanism realised exactly by layered rejection-sampled universal quantisation.
 
-SPEC section "LRSUQ" (and the paper's Sec. on communication, refs [8, 16]). Per block ``u`` in R^b:
+As in *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and Variable-Length Gaussian
+Communication* (its section on communication, refs [8, 16]; see ``docs/codecs.md``). Per block ``u`` in R^b:
 
 1. Layer: ``rho = sigma * chi_{b+2}`` from the shared randomness. A point uniform in the ball ``B(0, rho)``
    with this radius law is exactly ``N(0, sigma^2 I_b)``.
@@ -11,12 +12,13 @@ SPEC section "LRSUQ" (and the paper's Sec. on communication, refs [8, 16]). Per 
 3. Decoder: ``y = beta (M + V_K) = u + E`` with ``E ~ N(0, sigma^2 I_b)`` exactly, independent of ``u``;
    ``K ~ Geometric(p)``, ``p = vol(B_b) / vol(cell)`` (0.308 on Z^4, 0.617 on D4, 1 for b = 1).
 
-Shared randomness of a release with key ``key`` (counter-based Philox-4x64, nothing global):
+Shared randomness of a release with key ``key`` (SHAKE-256 streams of :func:`fedtailor.privacy.noise.stream_words`,
+nothing global; ``K_p = derive_key(key, "lrsuq", p)``):
 
-* radius: words of ``Philox(key=derive_seed(key, "lrsuq", "radius"))``, ``(b + 2) // 2`` per block (two more
-  for odd b), block-major; ``chi^2_{b+2} = -2 ln(U_1 ... U_m) [+ Z^2]``, ``U = (w >> 12 + 1/2) 2^-52`` in (0, 1).
-* dithers of iteration j: ``Philox(key=derive_seed(key, "lrsuq", "dither"), counter=(0, 0, j, 0))``; its
-  words ``r b .. r b + b - 1`` belong to the r-th block (in block order) still unaccepted before iteration j.
+* radius: words of the stream ``(K_radius)``, ``(b + 2) // 2`` per block (two more for odd b), block-major;
+  ``chi^2_{b+2} = -2 ln(U_1 ... U_m) [+ Z^2]``, ``U = (w >> 12 + 1/2) 2^-52`` in (0, 1).
+* dithers of iteration j: the stream ``(K_dither, j)``; its words ``r b .. r b + b - 1`` belong to the r-th
+  block (in block order) still unaccepted before iteration j.
   The encoder draws one array per iteration for all unaccepted blocks; the decoder, knowing every K, knows
   the unaccepted sets too and regenerates only V_K of each block (iterations 1..max K, one array each).
 
@@ -34,44 +36,21 @@ from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, che
 from fedtailor.codecs.entropy import MAX_ABS_M, IterationLaw, make_coder
 from fedtailor.codecs.format import Frame, open_message, seal
 from fedtailor.codecs.lattices import Lattice, make_lattice
-from fedtailor.rng import derive_seed
+from fedtailor.privacy.noise import open_unit, stream_words
+from fedtailor.rng import derive_key
 
 CODEC_ID = 3
 MAX_BLOCK = 8
-_TWO_M52 = 2.0**-52
-
-
-def philox_words(key: int, count: int) -> np.ndarray:
-    """``count`` raw uint64 words of Philox-4x64 with ``key`` from counter 0."""
-    return np.random.Philox(key=key, counter=0).random_raw(count)
 
 
 class IterationStream:
-    """Philox-4x64 with one key; iteration j reads from counter (0, 0, j, 0) (disjoint ranges, any order).
-
-    The generator is built once and re-positioned per iteration, which is several times cheaper than building one
-    per iteration.
-    """
+    """The dither stream of one release: iteration j reads the SHAKE-256 stream ``(key, j)`` (any order)."""
 
     def __init__(self, key: int) -> None:
-        self._gen = np.random.Philox(key=key, counter=0)
-        self._key = self._gen.state["state"]["key"]
+        self._key = key
 
     def words(self, iteration: int, count: int) -> np.ndarray:
-        self._gen.state = {
-            "bit_generator": "Philox",
-            "state": {"counter": np.array([0, 0, iteration, 0], dtype=np.uint64), "key": self._key},
-            "buffer": np.zeros(4, dtype=np.uint64),
-            "buffer_pos": 4,
-            "has_uint32": 0,
-            "uinteger": 0,
-        }
-        return self._gen.random_raw(count)
-
-
-def open_unit(words: np.ndarray) -> np.ndarray:
-    """Top 52 bits plus one half: exact dyadic uniforms strictly inside (0, 1) (no log(0))."""
-    return ((words >> np.uint64(12)).astype(np.float64) + 0.5) * _TWO_M52
+        return stream_words(self._key, iteration, count=count)
 
 
 def chi_square_from_words(words: np.ndarray, dof: int) -> np.ndarray:
@@ -115,18 +94,18 @@ class LRSUQCodec(Codec):
 
     # --- shared randomness -------------------------------------------------------------------------------
     def stream_key(self, key: int, purpose: str) -> int:
-        """Philox key of one stream of a release (``purpose`` = "radius" or "dither")."""
-        return derive_seed(key, "lrsuq", purpose)
+        """Key of one stream of a release (``purpose`` = "radius" or "dither")."""
+        return derive_key(key, "lrsuq", purpose)
 
     def radius_dof(self) -> int:
         """Degrees of freedom of the layer radius: rho / sigma ~ chi_{b+2}."""
         return self.block_size + 2
 
     def radius(self, key: int, sigma: float, n_blocks: int) -> np.ndarray:
-        """The layer radius rho of every block (SPEC step 1)."""
+        """The layer radius rho of every block (step 1 of the module docstring)."""
         dof = self.radius_dof()
         per_block = dof // 2 + 2 * (dof % 2)
-        words = philox_words(self.stream_key(key, "radius"), n_blocks * per_block).reshape(
+        words = stream_words(self.stream_key(key, "radius"), count=n_blocks * per_block).reshape(
             n_blocks, per_block
         )
         return sigma * np.sqrt(chi_square_from_words(words, dof))
@@ -140,7 +119,7 @@ class LRSUQCodec(Codec):
         return self.lattice.cell_scale
 
     def dither_stream(self, key: int) -> IterationStream:
-        """The dither stream of a release: Philox keyed by ``stream_key(key, "dither")``."""
+        """The dither stream of a release, keyed by ``stream_key(key, "dither")``."""
         return IterationStream(self.stream_key(key, "dither"))
 
     def dither_words(self, stream: IterationStream, iteration: int, n_active: int) -> np.ndarray:
@@ -149,7 +128,7 @@ class LRSUQCodec(Codec):
         return stream.words(iteration, n_active * b).reshape(n_active, b)
 
     def candidate_error(self, m: np.ndarray, v: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """E_j / beta = (M_j + V_j) - u / beta, what the acceptance test looks at (SPEC step 2).
+        """E_j / beta = (M_j + V_j) - u / beta, what the acceptance test looks at (step 2).
 
         Accepting ``||E_j|| <= rho`` is accepting ``||E_j / beta|| <= 1 / cell_scale``: no per-block scale in the loop.
         """
@@ -224,7 +203,7 @@ class LRSUQCodec(Codec):
     def decode_blocks(
         self, k: np.ndarray, m: np.ndarray, *, key: int, sigma: float, v: np.ndarray | None = None
     ) -> np.ndarray:
-        """y = beta (M + V_K) for every block (SPEC step 3); ``v`` if V_K is already regenerated."""
+        """y = beta (M + V_K) for every block (step 3); ``v`` if V_K is already regenerated."""
         if v is None:
             v = self.decoder_dithers(key, k)
         beta = self.decoder_radius(key, sigma, k.size) * self.cell_scale()

@@ -24,9 +24,9 @@ from fedtailor.codecs._testing import BROKEN_VARIANTS, SmallCell, reused_release
 from fedtailor.codecs.battery import exactness_battery
 from fedtailor.codecs.bench import gaussian_floor_bpc
 from fedtailor.codecs.lattices import D4Lattice, IntegerLattice, unit_ball_volume
-from fedtailor.rng import derive_seed
+from fedtailor.rng import derive_key, derive_seed
 
-SIGMA = 0.01468  # SPEC, eps = 16
+SIGMA = 0.01468  # the calibrated sigma at eps = 16 (docs/privacy.md)
 ALPHA = 0.01
 
 
@@ -124,7 +124,8 @@ def test_decoder_regenerates_the_encoders_dithers_and_error_lies_in_the_ball(cod
 def test_release_keys_are_distinct_and_deterministic() -> None:
     keys = {release_key(9, c, r) for c in range(20) for r in range(50)}
     assert len(keys) == 1000
-    assert release_key(9, 1, 2) == derive_seed(9, "release", 1, 2)
+    assert release_key(9, 1, 2) == derive_key(9, "release", 1, 2)
+    assert max(keys) >= 2**128  # 256-bit keys, not 63-bit seeds (all 1,000 below 2^128: probability 2^-128000)
 
 
 @pytest.mark.parametrize(
@@ -249,7 +250,7 @@ def test_battery_rejects_a_key_schedule_that_reuses_seeds() -> None:
 
 
 def test_small_cell_passes_the_marginal_tests_and_fails_the_tail_test() -> None:
-    """SPEC: a 1.9 rho cell keeps plausible marginals; the tail test (and the law of K) must catch it."""
+    """A 1.9 rho cell keeps plausible marginals; the tail test (and the law of K) must catch it."""
     result = exactness_battery(SmallCell(), sigma=SIGMA, n_blocks=16384, secret=2024, alpha=ALPHA)
     rejected = result.rejected()
     assert not [name for name in rejected if "/coord" in name or name.endswith("norm2")]
@@ -257,7 +258,7 @@ def test_small_cell_passes_the_marginal_tests_and_fails_the_tail_test() -> None:
     assert result.notes["zero/tail_count"] == 0 and result.notes["zero/tail_expected"] > 60
 
 
-# --- rates (SPEC: eps = 16, k = 16,384, ||u|| = 1) -------------------------------------------------------------
+# --- rates (eps = 16, k = 16,384, ||u|| = 1) ----------------------------------------------------------------
 def test_rates_at_eps16_beat_the_targets_and_respect_the_floor() -> None:
     k = 16384
     floor = gaussian_floor_bpc(norm=1.0, k=k, sigma=SIGMA)

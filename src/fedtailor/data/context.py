@@ -1,12 +1,13 @@
-"""The bounded context statistic phi and its one-shot private release (SPEC section 1, "Context statistic").
+"""The bounded context statistic phi and its one-shot private release (``docs/subspace.md``).
 
 Feature groups are the input channels (s = 1 for MNIST-like inputs, 3 for CIFAR). For an input x with pixel
 values in [0, 1] (before any normalisation), ``mu_j(x)`` and ``nu_j(x)`` are the means of x and of x^2 over
 channel j, and ``phi(x) = [mu(x); nu(x)] / sqrt(2s)``. Every entry of ``[mu; nu]`` lies in [0, 1], so
 ``||phi(x)||_2 <= 1``. The client releases once ``c~_i = (1/m_c) sum_{x in C_i} phi(x) + N(0, sigma^2 I_{2s})``.
 
-Sensitivity: the paper bounds the replace-one sensitivity of the mean by ``2/m_c`` (triangle inequality with
-``||phi|| <= 1``); that is the default here, so the paper's accounting is reproduced. Because every entry of
+Sensitivity: *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and Variable-Length
+Gaussian Communication* bounds the replace-one sensitivity of the mean by ``2/m_c`` (triangle inequality
+with ``||phi|| <= 1``); that is the default here, so its accounting is reproduced. Because every entry of
 phi lies in ``[0, 1/sqrt(2s)]``, the difference of two phi vectors has entries in ``[-1/sqrt(2s), 1/sqrt(2s)]``
 and norm at most 1, so the tight sensitivity is ``1/m_c`` (attained by an all-zeros versus an all-ones input);
 ``context_sensitivity(m_c, tight=True)`` returns it.
@@ -65,30 +66,25 @@ def context_mean(x: torch.Tensor) -> torch.Tensor:
 
 
 def context_sensitivity(m_c: int, *, tight: bool = False) -> float:
-    """Replace-one L2 sensitivity of :func:`context_mean` over ``m_c`` records: ``2/m_c`` as in the paper, or the
-    tight ``1/m_c`` (every entry of phi is in [0, 1/sqrt(2s)], so two phi vectors are at most 1 apart)."""
+    """Replace-one L2 sensitivity of :func:`context_mean` over ``m_c`` records: ``2/m_c`` as in the
+    compact-adaptation paper, or the tight ``1/m_c`` (every entry of phi is in [0, 1/sqrt(2s)], so two phi
+    vectors are at most 1 apart)."""
     if m_c < 1:
         raise ValueError(f"m_c must be a positive record count, got {m_c}.")
     return (1.0 if tight else 2.0) / m_c
 
 
-def release_context(x: torch.Tensor, *, sigma: float, generator: torch.Generator) -> torch.Tensor:
-    """One-shot release ``c~_i = context_mean(x) + N(0, sigma^2 I_{2C})`` (SPEC section 1), noise from ``generator``.
+def release_context(x: torch.Tensor, *, sigma: float, key: int) -> torch.Tensor:
+    """One-shot release ``c~_i = context_mean(x) + N(0, sigma^2 I_{2C})`` (docs/subspace.md), noise from ``key``.
 
-    ``x`` is the client's whole conditioning set (``m_c`` records); the generator must live on ``x``'s device,
-    e.g. ``fedtailor.rng.torch_generator(secret, "context", client, device=x.device)``.
+    ``x`` is the client's whole conditioning set (``m_c`` records). The noise comes from
+    :func:`fedtailor.privacy.noise.gaussian_noise` (SHAKE-256 stream of the 256-bit ``key``, label "context"):
+    pass ``fedtailor.rng.fresh_key()`` outside simulation, ``derive_key(seed, ...)`` for a reproducible run.
     """
+    from fedtailor.privacy.noise import gaussian_noise
+
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be a finite non-negative noise scale, got {sigma}.")
-    if generator.device.type != x.device.type or (
-        generator.device.index is not None
-        and x.device.index is not None
-        and generator.device.index != x.device.index
-    ):
-        raise ValueError(
-            f"the generator is on {generator.device} but x is on {x.device}; create it on x's device "
-            "(fedtailor.rng.torch_generator(..., device=x.device))."
-        )
     mean = context_mean(x)
-    noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-    return mean + sigma * noise
+    noise = torch.from_numpy(gaussian_noise(key, "context", sigma=sigma, size=mean.numel()))
+    return mean + noise.to(device=mean.device, dtype=mean.dtype).reshape(mean.shape)

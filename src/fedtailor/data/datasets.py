@@ -1,9 +1,9 @@
-"""Real image datasets as pooled ``(x, y)`` arrays (SPEC section 1, "Data protocol").
+"""Real image datasets as pooled ``(x, y)`` arrays (``docs/data.md``).
 
 Every loader returns the train and test records of a dataset pooled in a fixed order (train first, then
 test); shuffling and splitting are the partition's job (:mod:`fedtailor.data.partition`). Images are
 ``float32`` of shape ``(n, C, H, W)`` with pixel values in ``[0, 1]`` and no normalisation, because the
-context statistic phi(x) of SPEC section 1 is defined on raw ``[0, 1]`` pixels.
+context statistic phi(x) (``docs/subspace.md``) is defined on raw ``[0, 1]`` pixels.
 
 Where the data comes from (see ``docs/data.md``):
 
@@ -414,7 +414,7 @@ def _load_cached(name: str, root: Path | None) -> ImageDataset:
 
 
 def load_dataset(name: str, *, root: str | Path | None = None) -> ImageDataset:
-    """Pooled train+test records of dataset ``name`` in a fixed order (SPEC section 1: pool, then partition).
+    """Pooled train+test records of dataset ``name`` in a fixed order (pool, then partition).
 
     ``root`` overrides where the files are: the mnist pickle (file or folder), the Fashion-MNIST folder,
     the CIFAR-10 folder (required). Results are cached per process and their arrays are read-only.

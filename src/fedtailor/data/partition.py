@@ -1,7 +1,7 @@
 """Federated label partitions: equal-size Dirichlet clients, seen/unseen roles, train/eval/context splits.
 
-Implements SPEC section 1, "Data protocol". The default scheme ("dirichlet-equal") gives every client the
-same number of records n: client i draws class proportions q_i ~ Dir(alpha 1) and is filled to n records
+Implements the data protocol of ``docs/data.md``. The default scheme ("dirichlet-equal") gives every client
+the same number of records n: client i draws class proportions q_i ~ Dir(alpha 1) and is filled to n records
 by drawing a class from q_i (renormalised over the classes that still have records) and then a record of
 that class without replacement. Clients are filled *interleaved* -- one record per client per pass, in a
 freshly shuffled client order each pass -- so that running out of a class hits all clients alike; filled
@@ -38,6 +38,7 @@ __all__ = [
     "dirichlet_equal_partition",
     "dirichlet_per_class_partition",
     "federated_partition",
+    "holdout_validation",
     "format_partition_table",
     "iid_partition",
     "plot_partition",
@@ -188,7 +189,7 @@ def dirichlet_equal_partition(
     rng: np.random.Generator,
     size: int | None = None,
 ) -> list[np.ndarray]:
-    """Equal-size Dirichlet label partition, filled interleaved (SPEC section 1; module docstring).
+    """Equal-size Dirichlet label partition, filled interleaved (see the module docstring).
 
     Every client gets ``size`` records (default ``len(labels) // num_clients``); the at most
     ``len(labels) - num_clients * size`` records left over belong to no client. Returns one sorted int64
@@ -346,7 +347,7 @@ def federated_partition(
     context_size: int = 333,
     seed: int,
 ) -> FederatedPartition:
-    """The SPEC section 1 federated split, determined by ``seed`` alone.
+    """The federated split of ``docs/data.md``, determined by ``seed`` alone.
 
     1. Label partition of all records into ``num_clients`` clients (``scheme``), key (seed, "partition").
     2. ``num_unseen`` clients chosen uniformly at random as unseen ("Future"), key (seed, "partition",
@@ -365,7 +366,7 @@ def federated_partition(
             f"num_unseen must be an integer in [0, num_clients={num_clients}], got {num_unseen!r}"
         )
     if not 0.0 < eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction!r} (SPEC: 0.2, a 4:1 split)")
+        raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction!r} (0.2 gives a 4:1 split)")
     if not isinstance(context_size, (int, np.integer)) or context_size < 0:
         raise ValueError(f"context_size must be a non-negative integer, got {context_size!r}")
     need = _min_client_size(eval_fraction, context_size)
@@ -419,6 +420,34 @@ def federated_partition(
         unseen=tuple(int(i) for i in unseen),
         num_classes=num_classes,
     )
+
+
+def holdout_validation(partition: FederatedPartition, *, fraction: float, seed: int) -> FederatedPartition:
+    """The partition for choosing hyperparameters: no test or query record is used.
+
+    Each seen client's evaluation set becomes ``round(fraction * |train|)`` of its training records outside its
+    context set (key (seed, "partition", "validation", client)), removed from its training records; its context
+    set is unchanged, so the context release is the same as in the real run. Unseen clients keep their context
+    and get an empty evaluation set (their query records are test data): they are not evaluated.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r} (for example 0.2).")
+    clients = []
+    for c in partition.clients:
+        if not c.seen:
+            clients.append(ClientIndices(c.client_id, False, c.train, np.empty(0, dtype=np.int64), c.context))
+            continue
+        outside = np.setdiff1d(c.train, c.context)
+        n_val = int(round(fraction * c.train.size))
+        if not 0 < n_val <= outside.size:
+            raise ValueError(
+                f"client {c.client_id} has {outside.size} training records outside its context set, cannot hold out "
+                f"{n_val} for validation; use a validation fraction below {outside.size / max(c.train.size, 1):.2f}."
+            )
+        val = numpy_rng(seed, "partition", "validation", c.client_id).choice(outside, size=n_val, replace=False)
+        clients.append(ClientIndices(c.client_id, True, np.setdiff1d(c.train, val), np.sort(val), c.context))
+    return FederatedPartition(clients=tuple(clients), seen=partition.seen, unseen=partition.unseen,
+                              num_classes=partition.num_classes)
 
 
 # ------------------------------------------------------------------------------------------ summaries

@@ -223,7 +223,7 @@ def test_skew_grows_as_alpha_shrinks() -> None:
 def _sequential_fill(
     labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """Negative control: the same draws but clients filled one after another (what SPEC warns against)."""
+    """Negative control: the same draws but clients filled one after another (what interleaving avoids)."""
     num_classes = int(labels.max()) + 1
     size = labels.size // num_clients
     log_q = sample_log_dirichlet(alpha, num_clients, num_classes, rng)

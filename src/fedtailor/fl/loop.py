@@ -68,9 +68,10 @@ def summarize(evaluation: Mapping[int, Metrics], clients: Mapping[int, ClientDat
 
 
 def evaluate_clients(method: Method, state: LoopState, clients: Mapping[int, ClientData]) -> dict[int, Metrics]:
-    """Run the evaluate phase on every client (their persistent state is read, not changed)."""
+    """Run the evaluate phase on every client that has evaluation data (their persistent state is read, not
+    changed)."""
     out = {}
-    for cid in sorted(clients):
+    for cid in sorted(c for c in clients if clients[c].eval is not None):
         msg = method.configure_evaluate(state.server, cid)
         out[cid] = method.client_evaluate(msg, state.clients.get(cid, method.init_client(cid)), clients[cid])
     return out

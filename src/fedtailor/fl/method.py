@@ -1,4 +1,4 @@
-"""The one abstraction every federated method implements (SPEC section 4).
+"""The one abstraction every federated method implements (``docs/architecture.md``).
 
 A method is a pair of pure-ish halves around a :class:`~fedtailor.fl.records.Message`:
 

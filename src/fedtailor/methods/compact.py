@@ -38,17 +38,18 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtailor.codecs import CodecError, get_codec, release_key
+from fedtailor.codecs.format import pad, unpad
 from fedtailor.config import CompactConfig
 from fedtailor.data.context import context_sensitivity, release_context
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
-from fedtailor.models.subspace import OrthonormalSubspace
+from fedtailor.models.subspace import make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
 from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
-from fedtailor.rng import derive_seed, torch_generator
+from fedtailor.rng import derive_key, derive_seed, fresh_key, torch_generator
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +117,27 @@ class Generator(nn.Module):
 
 @dataclass
 class CompactState:
-    """Server state: generator parameters omega (+ input statistics), cached context releases, the ledger."""
+    """Server state: generator parameters omega (+ input statistics), cached context releases, the ledger, and
+    the decoder's key ring (secure mode: each client's codec secret; inside the trust boundary, never output)."""
 
     omega: dict[str, torch.Tensor]
     sigma: float
     ledger: PrivacyLedger
     contexts: dict[int, torch.Tensor] = field(default_factory=dict)
+    codec_secrets: dict[int, int] = field(default_factory=dict)
+    pad_bytes: int | None = None
+    public_codec: dict[str, float] = field(default_factory=dict)
 
 
-class CompactAdaptation(Method[CompactState, None]):
+@dataclass
+class CompactClient:
+    """What a client keeps between rounds: the secret it shares with the decoder only; every release key of
+    the client is ``release_key(codec_secret, client, round)``."""
+
+    codec_secret: int
+
+
+class CompactAdaptation(Method[CompactState, CompactClient]):
     name = "compact"
 
     def __init__(
@@ -148,8 +161,8 @@ class CompactAdaptation(Method[CompactState, None]):
         if self.coefficient and cfg.coef_dim > self.d:
             raise ValueError(f"coef_dim k={cfg.coef_dim} exceeds the model's d_theta={self.d}; choose k <= d_theta.")
         self.k = cfg.coef_dim if self.coefficient else self.d
-        self.P = (OrthonormalSubspace(dim=self.d, rank=self.k, seed=seed, stages=cfg.subspace_stages,
-                                      transform=cfg.subspace_transform, device=device)
+        self.P = (make_subspace(dim=self.d, rank=self.k, seed=seed, transform=cfg.subspace_transform,
+                                stages=cfg.subspace_stages, device=device)
                   if self.coefficient else None)
         self.context_dim = 2 * input_shape[0]
         self.m_c, self.m_g, self.clip = context_size, cfg.privacy.batch_size, cfg.privacy.clip
@@ -160,9 +173,11 @@ class CompactAdaptation(Method[CompactState, None]):
                                    out_dim=self.k, seed=seed, init_gain=cfg.init_gain).to(device)
         self.omega0 = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}  # public init
         self.codec = get_codec(cfg.codec, **_codec_options(cfg))
-        self.secret = derive_seed(seed, "release-secret")  # shared by encoder and decoder (trust boundary)
+        self.simulation = cfg.privacy.randomness == "simulation"
+        self.variable_length = cfg.codec in ("lrsuq", "layered")
         self.schedule, self.seen = schedule, sorted(seen)
         self.replay_gains = _load_replay_gains(cfg.replay_from, len(schedule)) if cfg.generator == "replay" else None
+        self.replay_ledger = _load_replay_ledger(cfg.replay_from) if cfg.generator == "replay" else None
         self._decoded: dict[tuple[int, int], torch.Tensor] = {}  # accepted releases awaiting aggregation
         self._decode_ms: list[float] = []
 
@@ -181,36 +196,74 @@ class CompactAdaptation(Method[CompactState, None]):
     def init_server(self) -> CompactState:
         p = self.cfg.privacy
         ledger = PrivacyLedger(delta=p.delta, conversion=p.conversion)
-        sigma = 0.0
+        state = CompactState(omega={k: v.clone() for k, v in self.omega0.items()}, sigma=0.0, ledger=ledger)
         if self.noisy:
             counts = participation_counts(self.schedule, max(self.seen) + 1)
             dc, dg = self._sensitivities()
-            sigma = calibrate_sigma(eps=p.epsilon, delta=p.delta, t_max=int(counts.max()), context_sensitivity=dc,
-                                    gradient_sensitivity=dg, conversion=p.conversion)
+            sigma = p.sigma or calibrate_sigma(eps=p.epsilon, delta=p.delta, t_max=int(counts.max()),
+                                               context_sensitivity=dc, gradient_sensitivity=dg, conversion=p.conversion)
             plan = {c: ([(dc, sigma)] if dc else []) + [(dg, sigma)] * int(counts[c]) for c in self.seen}
-            self._guard(ledger).check_plan(plan)
-            log.info("calibrated sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
-        return CompactState(omega={k: v.clone() for k, v in self.omega0.items()}, sigma=sigma, ledger=ledger)
+            self._guard(ledger).check_plan(plan)  # refused before anything is released
+            log.info("sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
+            state.sigma = sigma
+            state.public_codec = public_codec_profile(self.codec, k=self.k, sigma=sigma, clip=self.clip, seed=self.seed)
+            if self.variable_length and self.cfg.padding:
+                state.pad_bytes = self.cfg.pad_bytes or int(state.public_codec["pad_bytes"])
+        return state
 
     # ----- one-shot context release (setup phase) ------------------------------------------------------------
     def configure_setup(self, server: CompactState, cid: int) -> Message | None:
-        if not self.private_context:
+        """The one-shot exchange: the private context release (if the variant uses contexts) and, in secure mode,
+        the client's codec secret for the decoder."""
+        if not self.private_context and self.simulation:
             return None
-        if self.noisy:
+        if self.noisy and self.private_context:
             self._guard(server.ledger).record(client=cid, round=0, sensitivity=context_sensitivity(self.m_c),
                                               sigma=server.sigma, mechanism="context")
-        return Message(config={"sigma": server.sigma})
+        return Message(config={"sigma": server.sigma, "context": self.private_context})
 
-    def client_setup(self, msg: Message, state: None, data: ClientData) -> tuple[Message, None]:
-        gen = torch_generator(self.seed, "context-noise", data.cid, device=data.context.device)
-        c = release_context(data.context, sigma=float(msg.config["sigma"]), generator=gen)
-        return Message(arrays={"context": c}), None
+    def _simulation_secret(self, cid: int) -> int:
+        return derive_key(self.seed, "release-secret", cid)
+
+    def client_setup(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
+        if self.simulation:
+            secret, noise_key = self._simulation_secret(data.cid), derive_key(self.seed, "context-noise", data.cid)
+        else:  # secret local entropy: nothing the server or the config knows determines this client's noise
+            secret, noise_key = fresh_key(), fresh_key()
+        reply = Message()
+        if msg.config.get("context"):
+            reply.arrays["context"] = release_context(data.context, sigma=float(msg.config["sigma"]), key=noise_key)
+        if not self.simulation:  # to the decoder only (the trusted server), over the authenticated channel
+            reply.config["codec_secret"] = secret.to_bytes(32, "little")
+        return reply, CompactClient(codec_secret=secret)
+
+    def _decoder_secret(self, server: CompactState, cid: int) -> int:
+        if self.simulation:
+            return self._simulation_secret(cid)
+        if cid not in server.codec_secrets:
+            raise InvalidMessage(f"client {cid} gave no codec secret in the setup phase; its releases cannot be decoded.")
+        return server.codec_secrets[cid]
 
     def aggregate_setup(self, server: CompactState, replies: dict[int, Message]) -> CompactState:
+        server.codec_secrets = {cid: int.from_bytes(r.config["codec_secret"], "little")
+                                for cid, r in replies.items() if "codec_secret" in r.config}
+        if not self.private_context:
+            return server
         server.contexts = {cid: r.arrays["context"].to(self.device).float() for cid, r in replies.items()}
         seen = [server.contexts[c] for c in self.seen if c in server.contexts]
-        if len(seen) >= 2:  # standardise with statistics of seen clients' releases only (post-processing)
-            stacked = torch.stack(seen)
+        if len(seen) < 2:
+            return server
+        stacked = torch.stack(seen)  # statistics of seen clients' releases only (post-processing of DP outputs)
+        z = (stacked - stacked.mean(0)) / stacked.std(0).clamp_min(1e-6)
+        if self.cfg.generator == "deeplin":
+            # The paper's a = W V c~ on the raw release. Centred inputs would make the mean over seen clients of
+            # a_i = W V z_i zero for every (W, V), so the shared part of the model could never be learned. The
+            # scale of V is set so that the initial kernel gain mean_i ||h_i||^2 equals the factorized
+            # generator's on the same contexts (or init_gain), which makes the two comparable at one step size.
+            gain = self.cfg.init_gain or _factorized_gain(self.seed, self.context_dim, self.cfg.hidden_dim, z)
+            v = server.omega["V"]
+            server.omega["V"] = v * math.sqrt(gain / float((stacked @ v.T).pow(2).sum(1).mean()))
+        else:
             server.omega["c_mean"] = stacked.mean(0)
             server.omega["c_scale"] = stacked.std(0).clamp_min(1e-6)
         return server
@@ -243,47 +296,80 @@ class CompactAdaptation(Method[CompactState, None]):
         if self.noisy:
             self._guard(server.ledger).record(client=cid, round=rnd, sensitivity=self._sensitivities()[1],
                                               sigma=server.sigma, mechanism=f"coef-gradient/{self.codec.name}")
-        return self._model_message(server, cid, {"round": rnd, "sigma": server.sigma})
+        config: dict[str, Any] = {"round": rnd, "sigma": server.sigma}
+        if server.pad_bytes is not None:
+            config["pad_bytes"] = server.pad_bytes
+        return self._model_message(server, cid, config)
 
-    def client_fit(self, msg: Message, state: None, data: ClientData) -> tuple[Message, None]:
+    def init_client(self, cid: int) -> CompactClient | None:
+        # in simulation a client that skipped the setup exchange (public-context controls) still has its secret
+        return CompactClient(codec_secret=self._simulation_secret(cid)) if self.simulation else None
+
+    def batch_indices(self, rnd: int, cid: int, x: torch.Tensor) -> torch.Tensor:
+        """B_it: m_g of the client's training records drawn without replacement (key (seed, "batch", t, i)). The
+        guarantee does not rest on this choice being secret (no amplification by sampling is claimed)."""
+        gen = torch_generator(self.seed, "batch", rnd, cid, device=x.device)
+        return torch.randperm(len(x), generator=gen, device=x.device)[: self.m_g]
+
+    def client_fit(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
         rnd, sigma = int(msg.config["round"]), float(msg.config["sigma"])
         x, y = data.train
         if len(x) < self.m_g:
             raise ValueError(f"client {data.cid} has {len(x)} training records, fewer than m_g={self.m_g}.")
-        gen = torch_generator(self.seed, "batch", rnd, data.cid, device=x.device)
-        idx = torch.randperm(len(x), generator=gen, device=x.device)[: self.m_g]
+        idx = self.batch_indices(rnd, data.cid, x)
         theta = self.theta(msg.arrays["a"])
         grads = per_example_gradients(self.model, F.cross_entropy, x[idx], y[idx], params=self.layout.unflatten(theta))
         if self.coefficient:
             grads = self.P.project(grads)
         u = clipped_mean(grads, clip=self.clip, denominator=self.m_g)
         u_np = u.detach().double().cpu().numpy()
-        key = release_key(self.secret, data.cid, rnd)
+        state = state or self.init_client(data.cid)
+        if state is None:
+            raise ValueError(f"client {data.cid} has no codec secret: it must take part in the setup phase first.")
+        key = release_key(state.codec_secret, data.cid, rnd)
         t0 = time.perf_counter()
-        payload = self.codec.encode(u_np, key=key, sigma=sigma)
-        config: dict[str, Any] = {"payload": payload, "encode_ms": 1e3 * (time.perf_counter() - t0)}
-        if self.cfg.diagnostics:  # simulation-only diagnostic: the realised perturbation ||g~ - u||
-            decoded = self.codec.decode(payload, key=key, sigma=sigma, dim=len(u_np))
+        message = self.codec.encode(u_np, key=key, sigma=sigma)
+        encode_ms = 1e3 * (time.perf_counter() - t0)
+        payload = message if "pad_bytes" not in msg.config else pad(message, size=int(msg.config["pad_bytes"]))
+        config: dict[str, Any] = {"payload": payload}
+        if self.cfg.diagnostics:  # outside the DP guarantee: each of these is a function of the unprotected u
+            decoded = self.codec.decode(message, key=key, sigma=sigma, dim=len(u_np))
             config["perturbation_norm"] = float(np.linalg.norm(decoded - u_np))
             config["clip_fraction"] = float((torch.linalg.vector_norm(grads, dim=1) > self.clip).float().mean())
-        return Message(config=config), None
+            config["message_bytes"] = len(message)
+            config["encode_ms"] = encode_ms
+        return Message(config=config), state
 
     def validate_reply(self, server: CompactState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         if phase == "setup":
-            c = reply.array("context", shape=(self.context_dim,))
-            if c.abs().max() > 1 + 50 * max(server.sigma, 1e-3):
-                raise InvalidMessage(f"context release of client {cid} is far outside the bounded range.")
+            if self.private_context:
+                c = reply.array("context", shape=(self.context_dim,))
+                if c.abs().max() > 1 + 50 * max(server.sigma, 1e-3):
+                    raise InvalidMessage(f"context release of client {cid} is far outside the bounded range.")
+            if not self.simulation:
+                secret = reply.value("codec_secret", bytes)
+                if len(secret) != 32:
+                    raise InvalidMessage(f"codec secret of client {cid} has {len(secret)} bytes, expected 32.")
             return
         payload = reply.value("payload", bytes)
         t0 = time.perf_counter()
         try:
-            g = self.codec.decode(payload, key=release_key(self.secret, cid, rnd), sigma=server.sigma, dim=self.k)
+            if server.pad_bytes is not None:
+                payload = unpad(payload, size=server.pad_bytes)
+            g = self.codec.decode(payload, key=release_key(self._decoder_secret(server, cid), cid, rnd),
+                                  sigma=server.sigma, dim=self.k)
         except CodecError as err:
             raise InvalidMessage(f"undecodable release: {err}") from err
         self._decode_ms.append(1e3 * (time.perf_counter() - t0))
         if not np.all(np.isfinite(g)):
             raise InvalidMessage("decoded release contains non-finite values.")
         self._decoded[(rnd, cid)] = torch.as_tensor(g, dtype=torch.float32, device=self.device)
+
+    def step_size(self, rnd: int) -> float:
+        """eta_t of round ``rnd`` (1-based) under ``lr_schedule``."""
+        if self.cfg.lr_schedule == "cosine":
+            return self.cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (rnd - 1) / len(self.schedule)))
+        return self.cfg.lr
 
     def aggregate_fit(self, server: CompactState, rnd: int, replies: dict[int, Message]) -> tuple[CompactState, Metrics]:
         cids = sorted(replies)
@@ -294,24 +380,25 @@ class CompactAdaptation(Method[CompactState, None]):
         # sum_i J_i^T g~_i / |S_t| as the gradient of sum_i <a_i, stopgrad(g~_i)> / |S_t| (Eq. 6)
         grads = torch.autograd.grad((a * g).sum() / len(cids), params)
         gain = 1.0 if self.replay_gains is None else self.replay_gains[rnd - 1]
+        step = self.step_size(rnd) * gain
         with torch.no_grad():
             for p, dp in zip(params, grads):
-                p.sub_(self.cfg.lr * gain * dp)
+                p.sub_(step * dp)
         server.omega = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}
-        nbytes = [len(replies[c].config["payload"]) for c in cids]
+        nbytes = [len(replies[c].config["payload"]) for c in cids]  # fixed when padded
         metrics: Metrics = {
             "uplink_payload_bytes": float(sum(nbytes)),
             "bits_per_coefficient": 8.0 * float(np.mean(nbytes)) / self.k,
-            "update_norm": float(torch.linalg.vector_norm(g, dim=1).mean()),
+            "update_norm": float(torch.linalg.vector_norm(g, dim=1).mean()),  # of the DP releases: post-processing
         }
         if h is not None:
             metrics["h_norm2"] = float((h.detach() ** 2).sum(1).mean())
         if self.replay_gains is not None:
             metrics["replay_gain"] = gain
-        if self._decode_ms:
+        if self._decode_ms and self.cfg.diagnostics:
             metrics["decode_ms"] = float(np.mean(self._decode_ms))
-            self._decode_ms = []
-        for key in ("encode_ms", "perturbation_norm", "clip_fraction"):
+        self._decode_ms = []
+        for key in ("encode_ms", "perturbation_norm", "clip_fraction", "message_bytes"):
             vals = [float(replies[c].config[key]) for c in cids if key in replies[c].config]
             if vals:
                 metrics[key] = float(np.mean(vals))
@@ -333,10 +420,33 @@ class CompactAdaptation(Method[CompactState, None]):
         return {"accuracy": correct / len(x), "loss": loss / len(x), "num_examples": float(len(x))}
 
     # ----- run summary ------------------------------------------------------------------------------------
+    def privacy_status(self) -> tuple[str, list[str]]:
+        """(randomness mode, reasons why the reported eps does not cover this run's outputs; empty if it does).
+
+        Evaluation metrics (accuracy and loss on the clients' own records) are outside the guarantee in every run
+        and are documented as such; they are not listed here."""
+        void = []
+        if not self.noisy:
+            void.append("no noise (epsilon = inf)")
+        if self.cfg.diagnostics:
+            void.append("diagnostics on: the noise norm, clip fraction, message sizes and coding times are functions "
+                        "of the unprotected clipped mean")
+        if self.variable_length and not self.cfg.padding:
+            void.append("padding off: the size of every LRSUQ message depends on ||u|| and is in the metrics")
+        mode = ("simulation (noise and codec keys derived from the config seed: whoever has the config can "
+                "regenerate the noise, so eps holds only while the seed is secret)" if self.simulation else
+                "secure (256-bit keys from each client's OS entropy)")
+        return mode, void
+
     def summary(self, server: CompactState) -> dict[str, Any]:
         ledger = server.ledger
         eps = ledger.epsilons() if self.noisy else {}
+        if self.replay_ledger is not None:  # Replay's outputs also depend on the Factorized run it reads
+            imported = {c: [(r.sensitivity, r.sigma) for r in self.replay_ledger.releases if r.client == c]
+                        for c in self.replay_ledger.clients}
+            eps = {c: ledger.epsilon_with(c, imported.get(c, [])) for c in sorted(set(eps) | set(imported))}
         counts = participation_counts(self.schedule, max(self.seen) + 1)
+        mode, void = self.privacy_status()
         return {
             "variant": self.cfg.variant or "custom",
             "generator": self.cfg.generator, "space": self.cfg.space, "context": self.cfg.context,
@@ -349,17 +459,66 @@ class CompactAdaptation(Method[CompactState, None]):
             "epsilon_conversion": self.cfg.privacy.conversion,
             "delta": self.cfg.privacy.delta,
             "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
+            "epsilon_includes": "this run" if self.replay_ledger is None else f"this run and {self.cfg.replay_from}",
+            "randomness": mode,
+            "epsilon_void": bool(void),
+            "epsilon_void_reasons": void,
             "releases": len(ledger.releases),
+            "message_bytes_fixed": server.pad_bytes,
+            **{f"public_{k}": v for k, v in server.public_codec.items()},
         }
 
     def artifacts(self, server: CompactState) -> dict[str, str]:
         return {"privacy_ledger.json": server.ledger.to_json()}
 
 
+def _factorized_gain(seed: int, context_dim: int, hidden_dim: int, z: torch.Tensor) -> float:
+    """mean_i ||h_psi(z_i)||^2 of the factorized generator's public initialisation on standardised contexts z."""
+    ref = Generator(kind="factorized", context_dim=context_dim, hidden_dim=hidden_dim, out_dim=1, seed=seed).to(z.device)
+    with torch.no_grad():
+        return float(ref.hidden(z).pow(2).sum(1).mean())
+
+
 def _codec_options(cfg: CompactConfig) -> dict[str, Any]:
     if cfg.codec == "lrsuq":
         return {"coder": cfg.coder, "block_size": cfg.block_size, "lattice": cfg.lattice}
     return {"coder": cfg.coder} if cfg.codec == "layered" else {}
+
+
+def _load_replay_ledger(run_dir: str | None) -> PrivacyLedger | None:
+    """The privacy ledger of the Factorized run whose gains Replay reads (None if that run had no noise)."""
+    path = Path(str(run_dir)) / "privacy_ledger.json"
+    if not path.exists():
+        raise FileNotFoundError(f"replay_from: {path} not found; Replay's eps must include the run whose gains it "
+                                "reads, so pass the directory of a finished 'factorized' run.")
+    ledger = PrivacyLedger.from_json(path.read_text())
+    return ledger if ledger.releases else None
+
+
+def public_codec_profile(codec: Any, *, k: int, sigma: float, clip: float, seed: int, keys: int = 8) -> dict[str, float]:
+    """Message sizes and coding time of ``codec`` on public inputs only, measured once before training.
+
+    Probes: u = 0, and ||u|| = clip spread evenly over the coordinates, on one coordinate, and along a public
+    random direction, each with ``keys`` public keys. Reported instead of per-release sizes (which depend on the
+    data): the rate at u = 0 and at ||u|| = clip, and the padded size ``pad_bytes`` = the largest probe plus six
+    times the largest standard deviation over keys plus 16 bytes (a message's size is a sum over thousands of
+    independent blocks, so it exceeds this with negligible probability; a release longer than that is refused,
+    not sent)."""
+    rng = np.random.default_rng(derive_seed(seed, "codec-probe"))
+    direction = rng.standard_normal(k)
+    probes = {"zero": np.zeros(k), "spread": np.full(k, clip / math.sqrt(k)),
+              "spike": np.eye(1, k).ravel() * clip, "random": clip * direction / np.linalg.norm(direction)}
+    sizes: dict[str, list[int]] = {}
+    t0 = time.perf_counter()
+    for name, u in probes.items():
+        sizes[name] = [len(codec.encode(u, key=derive_key(seed, "codec-probe", name, i), sigma=sigma)) for i in range(keys)]
+    ms = 1e3 * (time.perf_counter() - t0) / (keys * len(probes))
+    worst = max(max(v) for v in sizes.values())
+    spread = max(float(np.std(v)) for v in sizes.values())
+    at_clip = [n for name in ("spread", "spike", "random") for n in sizes[name]]
+    return {"bits_per_coefficient_at_u0": 8.0 * float(np.mean(sizes["zero"])) / k,
+            "bits_per_coefficient_at_clip": 8.0 * float(np.mean(at_clip)) / k,
+            "encode_ms": ms, "pad_bytes": float(math.ceil(worst + 6 * spread + 16))}
 
 
 def _load_replay_gains(run_dir: str | None, rounds: int) -> list[float]:

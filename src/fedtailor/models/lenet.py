@@ -1,4 +1,5 @@
-"""The LeNet-style network of the compact-adaptation paper (SPEC section 1, "Model").
+"""The LeNet-style network of the compact-adaptation paper, *Privacy-Aligned Personalized Federated Learning
+with Compact Adaptation and Variable-Length Gaussian Communication*.
 
 conv 5x5 (C -> 16) + ReLU + maxpool 2, conv 5x5 (16 -> 32) + ReLU + maxpool 2, flatten, linear -> 120, ReLU,
 linear -> 84, ReLU, linear -> classes. d_theta = 85,822 on 1x28x28 and 121,182 on 3x32x32.

@@ -1,4 +1,4 @@
-"""The fixed orthonormal coefficient subspace P (SPEC section 1, "Generator and coefficient subspace").
+"""The fixed orthonormal coefficient subspace P (``docs/subspace.md``).
 
 P is a ``dim x rank`` matrix with ``P^T P = I_rank`` (to float rounding), fixed by public randomness and never
 stored densely (for d = 85,822 and k = 16,384 a dense float32 P takes 5.6 GB). It is ``rank`` columns of a fast
@@ -30,9 +30,11 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedtailor.models.kronecker import KroneckerSubspace
 from fedtailor.rng import numpy_rng
 
 Transform = Literal["dct", "blocked-dct"]
+SubspaceKind = Literal["kronecker", "blocked-dct", "dct"]
 
 #: Elements per chunk when a batch is processed on the CPU (16 MB in float32, below glibc's 32 MB mmap threshold).
 CPU_CHUNK_ELEMENTS = 1 << 22
@@ -180,7 +182,7 @@ def idct_ortho(x: torch.Tensor) -> torch.Tensor:
 
 
 class OrthonormalSubspace:
-    """Implicit ``P in R^{dim x rank}`` with ``P^T P = I`` (SPEC section 1), applied in O(dim log dim).
+    """Implicit ``P in R^{dim x rank}`` with ``P^T P = I``, applied in O(dim log dim).
 
     Randomness (signs, permutations, the column set S) comes from :func:`fedtailor.rng.numpy_rng` under the
     key ``(seed, "subspace", ...)`` and is drawn on the CPU, so the same seed gives the same P on every device.
@@ -333,3 +335,15 @@ class OrthonormalSubspace:
             )
         eye = torch.eye(self.rank, device=self.device, dtype=self.dtype)
         return self.expand(eye).T.contiguous()
+
+
+def make_subspace(
+    *, dim: int, rank: int, seed: int, transform: SubspaceKind, stages: int = 2,
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+) -> OrthonormalSubspace | KroneckerSubspace:
+    """The coefficient subspace named by ``transform``: ``"kronecker"`` (:class:`KroneckerSubspace`, dense
+    matmuls) or ``"blocked-dct"`` / ``"dct"`` (:class:`OrthonormalSubspace` with ``stages`` mixing stages)."""
+    if transform == "kronecker":
+        return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
+    return OrthonormalSubspace(dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device,
+                               dtype=dtype)

@@ -1,4 +1,4 @@
-"""Record-level central DP for federated releases: accountants, calibration, mechanisms, ledger (SPEC 1).
+"""Record-level central DP for federated releases: accountants, calibration, mechanisms, ledger.
 
 * :mod:`~fedtailor.privacy.rdp`, :mod:`~fedtailor.privacy.gaussian`: pure math (RDP of composed Gaussians,
   the closed-form and Balle et al. conversions, exact Gaussian accounting).

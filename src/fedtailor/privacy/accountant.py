@@ -1,11 +1,12 @@
-"""Privacy accountants for a sequence of Gaussian releases (Opacus-style interface; SPEC section 1).
+"""Privacy accountants for a sequence of Gaussian releases (Opacus-style interface; ``docs/privacy.md``).
 
 Every release of fedtailor's private protocols is a Gaussian mechanism ``(sensitivity, sigma)``: the one-shot
 context release and the repeated clipped coefficient-gradient releases. Their composition is summarised
 exactly by ``rho = sum_j Delta_j^2 / (2 sigma_j^2)`` (equivalently ``mu = sqrt(2 rho)``); the accountants
 differ only in how ``rho`` is converted to ``(eps, delta)``:
 
-* ``"closed-form"`` (default, the paper's Eq. 7): ``eps = rho + 2 sqrt(rho log(1/delta))``;
+* ``"closed-form"`` (default, Eq. 7 of *Privacy-Aligned Personalized Federated Learning with Compact
+  Adaptation and Variable-Length Gaussian Communication*): ``eps = rho + 2 sqrt(rho log(1/delta))``;
 * ``"balle"``: the Balle et al. 2020 RDP conversion used by Opacus and dp-accounting, minimised over
   continuous orders;
 * ``"exact"``: the exact privacy profile of the composed Gaussian mechanism (tight).
@@ -91,7 +92,7 @@ class Accountant(ABC):
 
 
 class ClosedFormAccountant(Accountant):
-    """The paper's conversion, ``eps = rho + 2 sqrt(rho log(1/delta))``."""
+    """The compact-adaptation paper's conversion, ``eps = rho + 2 sqrt(rho log(1/delta))``."""
 
     conversion = "closed-form"
 

@@ -1,4 +1,7 @@
-"""Noise calibration and the fixed participation schedule (paper Eq. 7 and Sec. 4; SPEC section 1).
+"""Noise calibration and the fixed participation schedule (``docs/privacy.md``).
+
+Both follow Eq. 7 and Sec. 4 of *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and
+Variable-Length Gaussian Communication*.
 
 The schedule is sampled from public randomness before training, independently of the data; client ``i``
 takes part in ``T_i`` rounds and ``T_max = max_i T_i``. With one context release (sensitivity
@@ -51,7 +54,7 @@ def calibrate_sigma(
 ) -> float:
     """Smallest common ``sigma`` such that the client with ``T_max`` releases reaches at most ``eps``.
 
-    ``"closed-form"`` uses the paper's closed form ``sigma = sqrt(S / (2 rho*))`` with
+    ``"closed-form"`` uses the compact-adaptation paper's closed form ``sigma = sqrt(S / (2 rho*))`` with
     ``S = Delta_c^2 + T_max Delta_g^2`` and ``rho* = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2``.
     ``"balle"`` and ``"exact"`` solve ``eps(sigma) = eps`` by Brent's method on ``log sigma``, bracketed
     below the closed-form sigma (which is always private enough, since both are tighter). The result is

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
 from fedtailor.cli import privacy as privacy_cli
 from fedtailor.privacy.accountant import CONVERSIONS
-from fedtailor.privacy.calibrate import calibrate_sigma
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,12 +34,13 @@ def test_calibrate_json(capsys: pytest.CaptureFixture[str]) -> None:
     ] == pytest.approx(d)
     rows = {r["calibrated_with"]: r for r in report["calibrations"]}
     assert list(rows) == list(CONVERSIONS)
+    # the closed form written out independently of the package: rho* = (sqrt(L + eps) - sqrt(L))^2, L = log(1/delta)
+    log_inv = math.log(1e5)
+    rho_star = (math.sqrt(log_inv + 16) - math.sqrt(log_inv)) ** 2
+    assert rows["closed-form"]["sigma"] == pytest.approx(math.sqrt(37 * d**2 / (2 * rho_star)), rel=1e-9)
     for conv, row in rows.items():
-        assert row["sigma"] == calibrate_sigma(
-            eps=16, delta=1e-5, t_max=36, context_sensitivity=d, gradient_sensitivity=d, conversion=conv
-        )
         assert row["eps"][conv] == pytest.approx(16.0, rel=1e-9)
-    # At the paper's sigma the tighter conversions report less; at the exact sigma the looser report more.
+    # At the closed-form sigma the tighter conversions report less; at the exact sigma the looser report more.
     assert rows["closed-form"]["eps"]["exact"] < rows["closed-form"]["eps"]["balle"] < 16.0
     assert rows["exact"]["eps"]["closed-form"] > rows["exact"]["eps"]["balle"] > 16.0
 
@@ -64,7 +65,10 @@ def test_calibrate_table_and_options(capsys: pytest.CaptureFixture[str]) -> None
     )
     assert "T_max = 34" in out
     assert "| calibrated with | sigma | eps (closed-form) | eps (balle) | eps (exact) |" in out
-    sigma = calibrate_sigma(eps=4, delta=1e-5, t_max=34, context_sensitivity=0.02, gradient_sensitivity=0.005)
+    # the options must reach the sensitivities: Delta_c = 2/100, Delta_g = 2 * 0.5/200 (closed form by hand)
+    log_inv = math.log(1e5)
+    rho_star = (math.sqrt(log_inv + 4) - math.sqrt(log_inv)) ** 2
+    sigma = math.sqrt((0.02**2 + 34 * 0.005**2) / (2 * rho_star))
     assert f"| closed-form | {sigma:.6f} | 4.0000 |" in out
 
 

@@ -1,4 +1,4 @@
-"""The privacy ledger (every Gaussian release, per client) and the budget guard (SPEC section 1).
+"""The privacy ledger (every Gaussian release, per client) and the budget guard (``docs/privacy.md``).
 
 The ledger is the record of what was released: ``(client, round, sensitivity, sigma, mechanism)`` for the
 one-shot context release and for every coefficient-gradient release. From it, ``eps_i`` of every client

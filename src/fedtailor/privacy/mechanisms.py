@@ -1,4 +1,7 @@
-"""Per-record gradients, clipping, fixed-denominator means and the Gaussian mechanism (paper Eq. 4-5).
+"""Per-record gradients, clipping, fixed-denominator means and the Gaussian mechanism.
+
+These are Eq. 4-5 of *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and
+Variable-Length Gaussian Communication*.
 
 Per-record gradients use ``torch.func`` (``functional_call`` + ``grad`` + ``vmap``): the model is applied
 to one record at a time inside ``vmap``, so any ``nn.Module`` works without hooks, and the result is a flat

@@ -1,16 +1,18 @@
-"""Rényi-DP of composed Gaussian mechanisms and two RDP -> (eps, delta) conversions (SPEC section 1).
+"""Rényi-DP of composed Gaussian mechanisms and two RDP -> (eps, delta) conversions (``docs/privacy.md``).
 
 A Gaussian mechanism with L2 sensitivity ``Delta`` and noise ``N(0, sigma^2 I)`` has RDP
 ``alpha * Delta^2 / (2 sigma^2)`` at every order ``alpha > 1`` (Mironov 2017, Prop. 7). RDP adds up under
-composition, so a client's releases ``(Delta_j, sigma_j)`` together have RDP ``alpha * rho`` with
+composition, so a client's releases ``(Delta_j, sigma_j)`` together have RDP ``alpha * rho`` with (Eq. 7 of
+*Privacy-Aligned Personalized Federated Learning with Compact Adaptation and Variable-Length Gaussian
+Communication*)
 
-    rho = sum_j Delta_j^2 / (2 sigma_j^2)                                  (paper Eq. 7, SPEC 1)
+    rho = sum_j Delta_j^2 / (2 sigma_j^2)
 
 Conversions to ``(eps, delta)``:
 
-* closed form (the paper's): ``eps = min_alpha [alpha rho + log(1/delta)/(alpha - 1)]`` over continuous
-  ``alpha``, which is ``rho + 2 sqrt(rho log(1/delta))``; its inverse gives the calibration target
-  ``rho* = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2``.
+* closed form (the compact-adaptation paper's): ``eps = min_alpha [alpha rho + log(1/delta)/(alpha - 1)]``
+  over continuous ``alpha``, which is ``rho + 2 sqrt(rho log(1/delta))``; its inverse gives the calibration
+  target ``rho* = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2``.
 * Balle et al. 2020 (Prop. 12 of arXiv:2004.00010; the conversion Opacus and dp-accounting use):
   ``eps = rdp(alpha) + log((alpha - 1)/alpha) - (log delta + log alpha)/(alpha - 1)``, minimised here over
   continuous ``alpha > 1`` (dense log grid, then bounded Brent between the grid neighbours of the best
@@ -79,7 +81,8 @@ def composed_rho(releases: Iterable[tuple[float, float]]) -> float:
 
 
 def closed_form_epsilon(rho: float, *, delta: float) -> float:
-    """The paper's conversion: ``eps = rho + 2 sqrt(rho log(1/delta))`` (continuous-order optimum)."""
+    """The compact-adaptation paper's conversion: ``eps = rho + 2 sqrt(rho log(1/delta))``
+    (continuous-order optimum)."""
     rho, delta = _check_rho(rho), _check_delta(delta)
     return rho + 2.0 * math.sqrt(rho * -math.log(delta))
 
