@@ -28,14 +28,17 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import report  # noqa: E402
 
+from fedtailor.codecs import release_key  # noqa: E402
+from fedtailor.codecs.format import pad  # noqa: E402
 from fedtailor.config import load_config  # noqa: E402
+from fedtailor.fl.records import Message  # noqa: E402
 from fedtailor.experiment import build_method, build_setup  # noqa: E402
 from fedtailor.fl.loop import start  # noqa: E402
 from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients  # noqa: E402
 
 
 def profile_round(method, server, setup, rnd: int) -> dict[str, float]:
-    """Wall time of each step of one round, summed over its clients (the project's path)."""
+    """Wall time of each step of one round, summed over its clients (what client_fit and the server do)."""
     t = dict.fromkeys(("configure", "per_record_grads", "project", "clip_mean", "encode", "decode", "server_step"), 0.0)
     replies = {}
     for cid in (int(c) for c in setup.schedule[rnd - 1]):
@@ -43,18 +46,18 @@ def profile_round(method, server, setup, rnd: int) -> dict[str, float]:
         msg = method.configure_fit(server, rnd, cid)
         t1 = time.perf_counter()
         x, y = setup.clients[cid].train
+        idx = method.batch_indices(rnd, cid, x)
         theta = method.theta(msg.arrays["a"])
-        idx = torch.arange(method.m_g)
         g = per_example_gradients(method.model, F.cross_entropy, x[idx], y[idx], params=method.layout.unflatten(theta))
         t2 = time.perf_counter()
         g = method.P.project(g)
         t3 = time.perf_counter()
         u = clipped_mean(g, clip=method.clip, denominator=method.m_g).double().numpy()
         t4 = time.perf_counter()
-        from fedtailor.codecs import release_key
-        from fedtailor.fl.records import Message
-
-        payload = method.codec.encode(u, key=release_key(method.secret, cid, rnd), sigma=server.sigma)
+        key = release_key(method.init_client(cid).codec_secret, cid, rnd)
+        payload = method.codec.encode(u, key=key, sigma=server.sigma)
+        if server.pad_bytes is not None:
+            payload = pad(payload, size=server.pad_bytes)
         t5 = time.perf_counter()
         reply = Message(config={"payload": payload})
         method.validate_reply(server, "fit", rnd, cid, reply)
@@ -97,25 +100,34 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--codec", default="lrsuq")
     ap.add_argument("--k-small", type=int, default=1024)
-    ap.add_argument("--full-run", action="store_true", help="also time the 500-round MNIST run (about 10 min)")
+    ap.add_argument("--transforms", default="kronecker,blocked-dct", help="subspaces timed side by side")
+    ap.add_argument("--full-run", action="store_true", help="also time the 500-round MNIST run with the first transform")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config("configs/compact/mnist-eps16.toml", [f'method.codec="{args.codec}"',
-                                                          'method.variant="ours-lrsuq"' if args.codec == "lrsuq" else
-                                                          'method.variant="ours-dg"'])
-    setup = build_setup(cfg)
-    method = build_method(setup)
-    server = start(method, setup.clients).server  # init + the one-shot context releases
-    profiles = [profile_round(method, server, setup, rnd) for rnd in range(1, args.repeat + 2)][1:]  # 1 warm-up
-    prof = {k: statistics.median(p[k] for p in profiles) for k in profiles[0]}
-    ours = sum(prof.values())
-    naive = naive_round(method, server, setup, 1, args.k_small)
-    rows = [{"path": "fedtailor (vmap + implicit P)", "seconds per round": ours, "ratio vs naive": naive / ours},
-            {"path": f"naive (per-record loop + dense P, scaled from k={args.k_small})", "seconds per round": naive,
-             "ratio vs naive": 1.0}]
-    notes = "Profile of the project's round (seconds, both clients):\n\n" + "\n".join(
-        f"- {k}: {v:.4f} ({100 * v / ours:.0f}%)" for k, v in prof.items())
+    variant = "ours-lrsuq" if args.codec == "lrsuq" else "ours-dg"
+    base = [f'method.codec="{args.codec}"', f'method.variant="{variant}"']
+    rows, notes, naive = [], [], None
+    transforms = args.transforms.split(",")
+    for transform in transforms:
+        cfg = load_config("configs/compact/mnist-eps16.toml", [*base, f'method.subspace_transform="{transform}"'])
+        setup = build_setup(cfg)
+        method = build_method(setup)
+        server = start(method, setup.clients).server  # init + the one-shot context releases
+        profiles = [profile_round(method, server, setup, rnd) for rnd in range(1, args.repeat + 2)][1:]  # 1 warm-up
+        prof = {k: statistics.median(p[k] for p in profiles) for k in profiles[0]}
+        ours = sum(prof.values())
+        if naive is None:
+            naive = naive_round(method, server, setup, 1, args.k_small)
+        rows.append({"path": f"fedtailor, P = {transform}", "seconds per round": ours, "ratio vs naive": naive / ours})
+        notes.append(f"Profile with P = {transform} (seconds, both clients):\n\n" + "\n".join(
+            f"- {k}: {v:.4f} ({100 * v / ours:.0f}%)" for k, v in prof.items()))
+    rows.append({"path": f"naive (per-record loop + dense P, scaled from k={args.k_small})", "seconds per round": naive,
+                 "ratio vs naive": 1.0})
+    for r in rows:
+        r[f"ratio vs {transforms[-1]}"] = rows[len(transforms) - 1]["seconds per round"] / r["seconds per round"]
+    text = "\n\n".join(notes)
     if args.full_run:
+        cfg = load_config("configs/compact/mnist-eps16.toml", [*base, f'method.subspace_transform="{transforms[0]}"'])
         with tempfile.TemporaryDirectory() as tmp:
             from fedtailor.runner import run_experiment
 
@@ -123,11 +135,11 @@ def main() -> None:
             out = run_experiment(cfg, Path(tmp) / "run", progress=False)
             wall = time.perf_counter() - t0
             res = json.loads((out / "results.json").read_text())
-        notes += (f"\n\nFull run `fedtailor run configs/compact/mnist-eps16.toml --set method.variant=\"ours-lrsuq\"`:"
-                  f" {wall / 60:.1f} min for {res['rounds']} rounds (Seen {100 * res['summary']['seen/accuracy']:.1f}%,"
-                  f" Future {100 * res['summary']['future/accuracy']:.1f}%, eps {res['method_summary']['epsilon_max']:.2f},"
-                  f" T_max {res['method_summary']['T_max']})")
-    report(f"Compact adaptation: one private round, codec {args.codec}, {args.threads} threads", rows, notes=notes)
+        text += (f"\n\nFull run `fedtailor run configs/compact/mnist-eps16.toml --set method.variant=\"{variant}\" "
+                 f"--set method.subspace_transform=\"{transforms[0]}\"`: {wall / 60:.1f} min for {res['rounds']} rounds "
+                 f"(Seen {100 * res['summary']['seen/accuracy']:.1f}%, Future {100 * res['summary']['future/accuracy']:.1f}%,"
+                 f" eps {res['method_summary']['epsilon_max']:.2f}, T_max {res['method_summary']['T_max']})")
+    report(f"Compact adaptation: one private round, codec {args.codec}, {args.threads} threads", rows, notes=text)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ class FedAvgConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    """Record-level central DP of the compact-adaptation releases (SPEC section 1, "Private training")."""
+    """Record-level central DP of the compact-adaptation releases (docs/privacy.md)."""
 
     epsilon: float = Field(16.0, gt=0, description="target eps; inf trains without noise (sigma = 0)")
     delta: float = Field(1e-5, gt=0, lt=1)
@@ -97,7 +97,7 @@ COMPACT_VARIANTS: dict[str, dict[str, str]] = {
 
 
 class CompactConfig(_Section):
-    """Compact adaptation (seed 000): a_i = W h_psi(c~_i), theta_i = theta_ref + P a_i. ``variant`` names one of
+    """Compact adaptation (docs/compact.md): a_i = W h_psi(c~_i), theta_i = theta_ref + P a_i. ``variant`` names one of
     the paper's variants and fills the four axes (generator, space, context, codec); explicit axes must agree."""
 
     name: Literal["compact"] = "compact"

@@ -46,15 +46,18 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if f"{group}/accuracy" in s:
             n = sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
             lines.append(f"  {label:6s} accuracy {100 * s[f'{group}/accuracy']:.2f}% (mean over {n} clients)")
-    for k, v in results.get("method_summary", {}).items():
-        if isinstance(v, (int, float, str)):
+    facts = results.get("method_summary", {})
+    for k, v in facts.items():
+        if isinstance(v, (int, float, str)) and not k.startswith("epsilon_void"):
             lines.append(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}")
+    if facts.get("epsilon_void"):
+        lines.append("  EPSILON VOID for this run: " + "; ".join(facts.get("epsilon_void_reasons", [])))
     totals = results.get("round_totals", {})
     for key, label in (("uplink_payload_MB", "protected uplink (MB, all releases)"),
                        ("bits_per_coefficient_mean", "bits per coefficient (mean)"),
-                       ("perturbation_norm_mean", "measured perturbation norm (mean)"),
-                       ("encode_ms_mean", "encode ms per release (mean)"),
-                       ("decode_ms_mean", "decode ms per release (mean)"),
+                       ("perturbation_norm_mean", "measured perturbation norm (mean; diagnostic, outside DP)"),
+                       ("encode_ms_mean", "encode ms per release (mean; diagnostic)"),
+                       ("decode_ms_mean", "decode ms per release (mean; diagnostic)"),
                        ("h_norm2_mean", "||h||^2 (mean over rounds)"),
                        ("uplink_MB", "uplink (MB)")):
         if key in totals:

@@ -1,6 +1,9 @@
-"""Compact adaptation: privacy-aligned personalized FL with a context-conditioned generator (seed 000).
+"""Compact adaptation: privacy-aligned personalized FL with a context-conditioned generator.
 
-Notation (paper and SPEC section 1):
+The method of *Privacy-Aligned Personalized Federated Learning with Compact Adaptation and Variable-Length
+Gaussian Communication*; equation numbers below are that paper's, every detail it leaves open is in docs/compact.md.
+
+Notation:
 
 * c~_i = (1/m_c) sum_{x in C_i} phi(x) + N(0, sigma^2 I_2s): client i's one-shot private context, cached
   by the server and reused every round and for unseen (Future) clients;
@@ -13,7 +16,11 @@ Notation (paper and SPEC section 1):
 
 Privacy: client i's RDP is alpha (Delta_c^2 + T_i Delta_g^2) / (2 sigma^2) (Eq. 7); sigma is calibrated from
 the fixed schedule's T_max before training and every release is written to the ledger, whose guard refuses a
-release beyond the target.
+release beyond the target. Randomness (``privacy.randomness``): in ``secure`` mode (the default) each client
+draws its noise keys and its codec secret from OS entropy and gives the secret to the decoder only, in the
+setup reply; ``simulation`` derives them from the seed (reproducible, but the config then determines the
+noise). A reply carries the (padded) encoded release alone unless ``diagnostics`` is on, which voids the
+reported eps (docs/privacy.md).
 
 The paper's variants are four axes of one method (``fedtailor.config.COMPACT_VARIANTS``): the generator
 (factorized W h_psi(c), deep-linear W V c, direct a, radial, replay), the space (coefficient subspace or full

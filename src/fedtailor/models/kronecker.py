@@ -30,6 +30,8 @@ from fedtailor.rng import numpy_rng
 
 #: Largest ``dim * rank`` for which :meth:`KroneckerSubspace.dense` builds the dense matrix.
 MAX_DENSE_ENTRIES = 4096 * 4096
+#: Largest factor ``A`` or ``B`` (entries; 16 MB in float32): a prime rank would otherwise make one factor dense P.
+MAX_FACTOR_ENTRIES = 1 << 22
 
 
 def _divisors(n: int) -> list[int]:
@@ -38,7 +40,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def kronecker_shape(dim: int, rank: int) -> tuple[int, int, int, int]:
-    """``(d1, d2, k1, k2)`` with ``d1 d2 <= dim``, ``k1 k2 = rank``, ``k1 <= d1``, ``k2 <= d2``, ``d1 <= d2``.
+    """``(d1, d2, k1, k2)`` with ``d1 d2 <= dim``, ``k1 k2 = rank``, ``k1 <= d1``, ``k2 <= d2``, ``d1 <= d2``, and
+    neither factor above ``MAX_FACTOR_ENTRIES``.
 
     Minimises first the uncovered coordinates ``dim - d1 d2`` (which stay at theta_ref), then the imbalance
     ``|log(k1/d1) - log(k2/d2)|`` (both factors keep the same share of their axis, so neither axis of the grid is
@@ -51,7 +54,7 @@ def kronecker_shape(dim: int, rank: int) -> tuple[int, int, int, int]:
         d2 = dim // d1
         for k1 in _divisors(rank):
             k2 = rank // k1
-            if k1 > d1 or k2 > d2:
+            if k1 > d1 or k2 > d2 or max(d1 * k1, d2 * k2) > MAX_FACTOR_ENTRIES:
                 continue
             cover = d1 * d2
             flops = min(cover * k2 + d1 * k2 * k1, cover * k1 + k1 * d2 * k2)
@@ -60,8 +63,9 @@ def kronecker_shape(dim: int, rank: int) -> tuple[int, int, int, int]:
                 best = (score, (d1, d2, k1, k2))
     if best is None:
         raise ValueError(
-            f"rank {rank} has no factorisation k1 * k2 with k1 <= d1, k2 <= d2 for any grid d1 x d2 of dim {dim}; "
-            "choose a rank with small factors (a power of two, say) or transform='blocked-dct'."
+            f"rank {rank} has no factorisation k1 * k2 with k1 <= d1, k2 <= d2 and factors of at most "
+            f"{MAX_FACTOR_ENTRIES:,} entries for any grid d1 x d2 of dim {dim}; choose a rank with small factors "
+            "(a power of two, say) or transform='blocked-dct'."
         )
     return best[1]
 

@@ -1,4 +1,4 @@
-"""Tests for the orthonormal coefficient subspace (SPEC section 1, "Generator and coefficient subspace")."""
+"""Tests for the orthonormal coefficient subspace (docs/subspace.md)."""
 
 from __future__ import annotations
 
