@@ -214,8 +214,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             log.info("sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
             state.sigma = sigma
             state.public_codec = public_codec_profile(self.codec, k=self.k, sigma=sigma, clip=self.clip, seed=self.seed)
+            probe_pad = int(state.public_codec.pop("pad_bytes"))
             if self.variable_length and self.cfg.padding:
-                state.pad_bytes = self.cfg.pad_bytes or int(state.public_codec["pad_bytes"])
+                state.pad_bytes = self.cfg.pad_bytes or probe_pad
         return state
 
     # ----- one-shot context release (setup phase) ------------------------------------------------------------
