@@ -68,7 +68,9 @@ class Generator(nn.Module):
     s h_psi0(c) with psi0 frozen at its initial value and only the scalar gain s trained (the hidden direction
     never moves); ``direct``/``replay``: a is itself the trainable parameter (no context). W and a start at 0,
     so every client starts at theta_ref; the MLP has torch's default initialisation, optionally rescaled so that
-    E||h||^2 = ``init_gain`` at the start. Inputs are standardised with fixed (non-trainable) statistics.
+    E||h||^2 = ``init_gain`` at the start. The factorized and radial maps read contexts standardised with fixed
+    (non-trainable) statistics of the seen clients' releases; the deep-linear map reads the raw release (its V
+    rescaled once to the factorized map's initial gain, ``CompactAdaptation.aggregate_setup``).
     """
 
     def __init__(
@@ -436,6 +438,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         void = []
         if not self.noisy:
             void.append("no noise (epsilon = inf)")
+        if self.replay_ledger is not None and not self.replay_ledger.releases:
+            void.append(f"the Factorized run whose gains Replay reads ({self.cfg.replay_from}) had no noise")
         if self.cfg.diagnostics:
             void.append("diagnostics on: the noise norm, clip fraction, message sizes and coding times are functions "
                         "of the unprotected clipped mean")
@@ -449,7 +453,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     def summary(self, server: CompactState) -> dict[str, Any]:
         ledger = server.ledger
         eps = ledger.epsilons() if self.noisy else {}
-        if self.replay_ledger is not None:  # Replay's outputs also depend on the Factorized run it reads
+        if self.replay_ledger is not None and not self.replay_ledger.releases:
+            eps = {}  # its outputs depend on a run without noise: no DP guarantee
+        elif self.replay_ledger is not None:  # Replay's outputs also depend on the Factorized run it reads
             imported = {c: [(r.sensitivity, r.sigma) for r in self.replay_ledger.releases if r.client == c]
                         for c in self.replay_ledger.clients}
             eps = {c: ledger.epsilon_with(c, imported.get(c, [])) for c in sorted(set(eps) | set(imported))}
@@ -494,13 +500,12 @@ def _codec_options(cfg: CompactConfig) -> dict[str, Any]:
 
 
 def _load_replay_ledger(run_dir: str | None) -> PrivacyLedger | None:
-    """The privacy ledger of the Factorized run whose gains Replay reads (None if that run had no noise)."""
+    """The privacy ledger of the Factorized run whose gains Replay reads (no releases if that run had no noise)."""
     path = Path(str(run_dir)) / "privacy_ledger.json"
     if not path.exists():
         raise FileNotFoundError(f"replay_from: {path} not found; Replay's eps must include the run whose gains it "
                                 "reads, so pass the directory of a finished 'factorized' run.")
-    ledger = PrivacyLedger.from_json(path.read_text())
-    return ledger if ledger.releases else None
+    return PrivacyLedger.from_json(path.read_text())
 
 
 def public_codec_profile(codec: Any, *, k: int, sigma: float, clip: float, seed: int, keys: int = 8) -> dict[str, float]:

@@ -194,3 +194,18 @@ def test_the_server_step_is_gradient_descent_on_the_mean_batch_loss(generator):
             torch.testing.assert_close(server.omega[k], v, rtol=2e-4, atol=1e-7)
         moved = {k for k in expected if not torch.allclose(expected[k], before[k], rtol=0, atol=1e-6)}
         assert "W" in moved and (rnd == 1 or moved - {"W"}), moved  # round 2 moves h's parameters too
+
+
+def test_a_secure_run_resumes_with_its_secrets_and_the_same_ledger(tmp_path):
+    """The checkpoint keeps the clients' codec secrets and the server's key ring (both inside the trust
+    boundary), so a resumed secure run decodes every later release; its ledger equals an uninterrupted run's."""
+    setup, method = build(SECURE, 'method.codec="lrsuq"')
+    full = run_federated(method, setup.clients, setup.schedule, progress=False)
+    ckpt = tmp_path / "ckpt.pt"
+    run_federated(build(SECURE, 'method.codec="lrsuq"')[1], setup.clients, setup.schedule, checkpoint=ckpt,
+                  progress=False, stop_after=5)
+    resumed = run_federated(build(SECURE, 'method.codec="lrsuq"')[1], setup.clients, setup.schedule,
+                            checkpoint=ckpt, progress=False)
+    assert all(r["rejected"] == 0 for r in resumed.history)
+    assert full.state.server.ledger.to_json() == resumed.state.server.ledger.to_json()
+    assert not torch.equal(full.state.server.omega["W"], resumed.state.server.omega["W"])  # fresh noise
