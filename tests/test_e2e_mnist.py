@@ -50,7 +50,7 @@ def test_private_compact_adaptation_on_real_mnist_serves_future_clients(tmp_path
     in secure mode (noise and codec keys from OS entropy) as in simulation."""
     cfg = load_config("configs/compact/mnist-eps16.toml",
                       ['method.variant="ours-lrsuq"', "federation.rounds=60", "federation.eval_every=0",
-                       "method.lr=0.3", f'method.privacy.randomness="{randomness}"'])
+                       "method.lr=0.3", 'method.lr_schedule="constant"', f'method.privacy.randomness="{randomness}"'])
     out = run_experiment(cfg, tmp_path / "compact", progress=False)
     results = json.loads((out / "results.json").read_text())
     summary, facts = results["summary"], results["method_summary"]

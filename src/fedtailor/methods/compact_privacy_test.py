@@ -158,7 +158,7 @@ def test_without_noise_eps_is_infinite_and_void():
 
 
 def _autograd_step(method, omega: dict[str, torch.Tensor], contexts, setup, rnd: int, cids: list[int]):
-    """omega - eta grad_omega (1/|S|) sum_i mean_{z in B_it} loss(theta_ref + P W h(c_i); z), by autograd."""
+    """omega - eta_t grad_omega (1/|S|) sum_i mean_{z in B_it} loss(theta_ref + P W h(c_i); z), by autograd."""
     names = {n for n, p in method.generator.named_parameters() if p.requires_grad}
     params = {k: v.clone().requires_grad_(k in names) for k, v in omega.items()}
     a, _ = functional_call(method.generator, params, (torch.stack([contexts[c] for c in cids]),))
@@ -169,7 +169,8 @@ def _autograd_step(method, omega: dict[str, torch.Tensor], contexts, setup, rnd:
         logits = functional_call(method.model, method.layout.unflatten(method.theta(a[i])), (x[idx],))
         loss = loss + F.cross_entropy(logits, y[idx]) / len(cids)
     grads = dict(zip(sorted(names), torch.autograd.grad(loss, [params[n] for n in sorted(names)])))
-    return {k: (v - method.cfg.lr * grads[k] if k in names else v).detach() for k, v in params.items()}
+    step = method.step_size(rnd)
+    return {k: (v - step * grads[k] if k in names else v).detach() for k, v in params.items()}
 
 
 @pytest.mark.parametrize("generator", ["factorized", "deeplin"])
@@ -209,3 +210,13 @@ def test_a_secure_run_resumes_with_its_secrets_and_the_same_ledger(tmp_path):
     assert all(r["rejected"] == 0 for r in resumed.history)
     assert full.state.server.ledger.to_json() == resumed.state.server.ledger.to_json()
     assert not torch.equal(full.state.server.omega["W"], resumed.state.server.omega["W"])  # fresh noise
+
+
+def test_the_cosine_step_decays_from_eta_to_near_zero():
+    _, method = build(SMALL, "method.lr=0.4")
+    rounds = len(method.schedule)
+    steps = [method.step_size(t) for t in range(1, rounds + 1)]
+    assert steps[0] == 0.4 and all(a > b for a, b in zip(steps, steps[1:])) and 0 < steps[-1] < 0.4 * 0.02
+    assert method.step_size(rounds // 2 + 1) == pytest.approx(0.2)
+    _, const = build(SMALL, "method.lr=0.4", 'method.lr_schedule="constant"')
+    assert {const.step_size(t) for t in range(1, rounds + 1)} == {0.4}
