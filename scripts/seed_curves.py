@@ -45,8 +45,12 @@ def main() -> int:
     ap.add_argument("--png", type=Path, required=True)
     ap.add_argument("--table", type=Path, required=True)
     ap.add_argument("--title", default="")
+    ap.add_argument("--label", action="append", default=[], metavar="POINT=TEXT",
+                    help="legend text for a grid point (text without '='), e.g. 'val-cos/lr=0.1=cosine, lr 0.1'")
     args = ap.parse_args()
-    points = [(f"{s.name}/{p.name}", p) for s in args.sweeps for p in sorted(s.iterdir()) if p.is_dir()]
+    names = dict(item.rsplit("=", 1) for item in args.label)  # grid points contain "=", the text must not
+    points = [(names.get(f"{s.name}/{p.name}", f"{s.name}/{p.name}"), p)
+              for s in args.sweeps for p in sorted(s.iterdir()) if p.is_dir()]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     rows = ["| setting | seeds | final (mean +- std) | best over rounds (mean) | late swing (max - min, last "
             f"{args.last} evaluations) |", "|---|---|---|---|---|"]
