@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from fedtailor.privacy.noise import check_key
+from fedtailor.privacy.noise import check_key  # noqa: F401  (re-exported: the codecs check keys with it)
 from fedtailor.rng import derive_key
 
 # Inputs beyond this many sigmas are refused: the float64 error E = y - u would lose more than 2^-20 of its
