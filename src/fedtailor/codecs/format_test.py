@@ -4,7 +4,6 @@ silently wrong vector. Includes property-based fuzzing with hypothesis."""
 from __future__ import annotations
 
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -145,11 +144,10 @@ def test_hostile_iteration_counts_are_capped() -> None:
     w = BitWriter()
     w.gamma(np.full(4096, k_max))
     w.gamma(np.array([1]))
-    t0 = time.perf_counter()
     y = big.decode(
         seal(big.frame, dim=dim, key=KEY, sigma=SIGMA, payload=w.getvalue()), key=KEY, sigma=SIGMA, dim=dim
     )
-    assert time.perf_counter() - t0 < 5.0 and y.shape == (dim,)
+    assert y.shape == (dim,)  # completes: at most k_max dither arrays are drawn, whatever the message says
     assert np.all(np.abs(y) <= 0.5 * 2 * codec.radius(KEY, SIGMA, 4096).repeat(4) + 1e-12)
 
 

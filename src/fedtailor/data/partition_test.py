@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -263,13 +262,11 @@ def test_interleaved_fill_keeps_last_clients_on_their_dirichlet_draw() -> None:
     assert np.mean(control_gaps) > 0.2, control_gaps
 
 
-def test_thousand_clients_tiny_alpha_fast_and_valid() -> None:
+def test_thousand_clients_tiny_alpha_valid() -> None:
+    """(Its speed is measured in benchmarks/bench_partition.py.)"""
     labels = np.repeat(np.arange(10), 7000)
-    start = time.perf_counter()
     parts = dirichlet_equal_partition(labels, num_clients=1000, alpha=0.05, rng=np.random.default_rng(5))
-    elapsed = time.perf_counter() - start
     _check_equal_partition(parts, 70_000, 1000, 70)
-    assert elapsed < 5.0, f"{elapsed:.2f}s (target: about 0.1 s alone; 5 s allows a loaded machine)"
     parts = dirichlet_equal_partition(labels, num_clients=50, alpha=1e-3, rng=np.random.default_rng(5))
     _check_equal_partition(parts, 70_000, 50, 1400)
     assert _mean_tv_to_pool(labels, parts) > 0.7

@@ -34,6 +34,19 @@ MAX_DENSE_ENTRIES = 4096 * 4096
 MAX_FACTOR_ENTRIES = 1 << 22
 
 
+def check_operand(t: torch.Tensor, *, size: int, name: str, op: str, dtype: torch.dtype, device: torch.device) -> None:
+    """The input checks every subspace applies: last dimension ``size``, the subspace's dtype and device."""
+    if t.ndim < 1 or t.shape[-1] != size:
+        raise ValueError(f"{op}: {name} must have shape (..., {size}), got {tuple(t.shape)}.")
+    if t.dtype != dtype:
+        raise ValueError(
+            f"{op}: {name} has dtype {t.dtype} but the subspace computes in {dtype}; cast the input "
+            f"or build the subspace with .to(device, dtype={t.dtype})."
+        )
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but the subspace is on {device}; use subspace.to({t.device!s}).")
+
+
 def _divisors(n: int) -> list[int]:
     small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
     return sorted(set(small + [n // i for i in small]))
@@ -118,17 +131,7 @@ class KroneckerSubspace:
         )
 
     def _check(self, t: torch.Tensor, size: int, name: str, op: str) -> None:
-        if t.ndim < 1 or t.shape[-1] != size:
-            raise ValueError(f"{op}: {name} must have shape (..., {size}), got {tuple(t.shape)}.")
-        if t.dtype != self.dtype:
-            raise ValueError(
-                f"{op}: {name} has dtype {t.dtype} but the subspace computes in {self.dtype}; cast the input "
-                f"or build the subspace with .to(device, dtype={t.dtype})."
-            )
-        if t.device != self.device:
-            raise ValueError(
-                f"{op}: {name} is on {t.device} but the subspace is on {self.device}; use subspace.to({t.device!s})."
-            )
+        check_operand(t, size=size, name=name, op=op, dtype=self.dtype, device=self.device)
 
     def expand(self, a: torch.Tensor) -> torch.Tensor:
         """``P a``: coefficients ``(..., rank)`` to a parameter displacement ``(..., dim)`` (theta_i - theta_ref)."""

@@ -30,7 +30,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedtailor.models.kronecker import KroneckerSubspace
+from fedtailor.models.kronecker import KroneckerSubspace, check_operand
 from fedtailor.rng import numpy_rng
 
 Transform = Literal["dct", "blocked-dct"]
@@ -258,17 +258,7 @@ class OrthonormalSubspace:
         )
 
     def _check(self, t: torch.Tensor, size: int, name: str, op: str) -> None:
-        if t.ndim < 1 or t.shape[-1] != size:
-            raise ValueError(f"{op}: {name} must have shape (..., {size}), got {tuple(t.shape)}.")
-        if t.dtype != self.dtype:
-            raise ValueError(
-                f"{op}: {name} has dtype {t.dtype} but the subspace computes in {self.dtype}; cast the input "
-                f"or build the subspace with .to(device, dtype={t.dtype})."
-            )
-        if t.device != self.device:
-            raise ValueError(
-                f"{op}: {name} is on {t.device} but the subspace is on {self.device}; use subspace.to({t.device!s})."
-            )
+        check_operand(t, size=size, name=name, op=op, dtype=self.dtype, device=self.device)
 
     @staticmethod
     def _gather(x: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
