@@ -173,13 +173,14 @@ def _autograd_step(method, omega: dict[str, torch.Tensor], contexts, setup, rnd:
     return {k: (v - step * grads[k] if k in names else v).detach() for k, v in params.items()}
 
 
-@pytest.mark.parametrize("generator", ["factorized", "deeplin"])
-def test_the_server_step_is_gradient_descent_on_the_mean_batch_loss(generator):
+@pytest.mark.parametrize(("generator", "transform"),
+                         [("factorized", "blocked-dct"), ("deeplin", "blocked-dct"), ("factorized", "layer-kronecker")])
+def test_the_server_step_is_gradient_descent_on_the_mean_batch_loss(generator, transform):
     """Without noise and clipping the release is P^T grad of the mean batch loss, so two rounds must equal two
     autograd SGD steps on omega (round 1 moves W only, since W = 0; round 2 checks h's parameters too). A step
     of the wrong sign, a missing J^T, or P instead of P^T fails this."""
     setup, method = build(SMALL, "method.privacy.epsilon=inf", "method.privacy.clip=1e9", "method.lr=0.5",
-                          f'method.generator="{generator}"')
+                          f'method.generator="{generator}"', f'method.subspace_transform="{transform}"')
     server = start(method, setup.clients).server
     for rnd in (1, 2):
         cids = [int(c) for c in setup.schedule[rnd - 1]]

@@ -29,12 +29,14 @@ from typing import Literal
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedtailor.models.kronecker import KroneckerSubspace, check_operand
+from fedtailor.models.layerwise import LayerKroneckerSubspace
 from fedtailor.rng import numpy_rng
 
 Transform = Literal["dct", "blocked-dct"]
-SubspaceKind = Literal["kronecker", "blocked-dct", "dct"]
+SubspaceKind = Literal["layer-kronecker", "kronecker", "blocked-dct", "dct"]
 
 #: Elements per chunk when a batch is processed on the CPU (16 MB in float32, below glibc's 32 MB mmap threshold).
 CPU_CHUNK_ELEMENTS = 1 << 22
@@ -328,11 +330,20 @@ class OrthonormalSubspace:
 
 
 def make_subspace(
-    *, dim: int, rank: int, seed: int, transform: SubspaceKind, stages: int = 2,
+    *, dim: int, rank: int, seed: int, transform: SubspaceKind, stages: int = 2, model: nn.Module | None = None,
     device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-) -> OrthonormalSubspace | KroneckerSubspace:
-    """The coefficient subspace named by ``transform``: ``"kronecker"`` (:class:`KroneckerSubspace`, dense
-    matmuls) or ``"blocked-dct"`` / ``"dct"`` (:class:`OrthonormalSubspace` with ``stages`` mixing stages)."""
+) -> OrthonormalSubspace | KroneckerSubspace | LayerKroneckerSubspace:
+    """The coefficient subspace named by ``transform``: ``"layer-kronecker"`` (:class:`LayerKroneckerSubspace`,
+    one Kronecker block per layer of ``model``, which it needs), ``"kronecker"`` (:class:`KroneckerSubspace`,
+    dense matmuls over the whole parameter grid) or ``"blocked-dct"`` / ``"dct"`` (:class:`OrthonormalSubspace`
+    with ``stages`` mixing stages)."""
+    if transform == "layer-kronecker":
+        if model is None:
+            raise ValueError("transform 'layer-kronecker' is built from the model's layers: pass model=.")
+        subspace = LayerKroneckerSubspace(model=model, rank=rank, seed=seed, device=device, dtype=dtype)
+        if subspace.dim != dim:
+            raise ValueError(f"the model has {subspace.dim} parameters but dim={dim} was given.")
+        return subspace
     if transform == "kronecker":
         return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
     return OrthonormalSubspace(dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device,
