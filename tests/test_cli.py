@@ -125,9 +125,13 @@ def test_every_shipped_config_loads():
     from fedtailor.config import COMPACT_VARIANTS, load_config
 
     paths = sorted(Path("configs").rglob("*.toml")) + [default_config()]
-    assert len(paths) >= 9
+    assert len(paths) >= 13
     for path in paths:
         cfg = load_config(path)
-        assert cfg.method.name == "compact" and cfg.method.privacy.randomness == "simulation", path
-        assert cfg.method.variant in COMPACT_VARIANTS, path
         assert cfg.data.dataset in ("mnist", "fashion-mnist"), path
+        if cfg.method.name == "compact":
+            assert cfg.method.privacy.randomness == "simulation", path
+            assert cfg.method.variant in COMPACT_VARIANTS, path
+        else:  # the FedLAG paper's setup
+            assert cfg.method.fedlag is not None and cfg.data.num_clients == 20 and cfg.federation.rounds == 100, path
+            assert cfg.method.batch_size == 16 and cfg.method.lr == 0.005 and cfg.data.eval_fraction == 0.25, path

@@ -6,7 +6,8 @@ Layout::
     device = "auto"      # auto | cpu | cuda[:N]
     [data]       dataset, partition scheme, clients, alpha, splits
     [federation] rounds, clients per round, evaluation cadence
-    [method]     name = "compact" (default) | "fedavg", and that method's options
+    [method]     name = "compact" (default) | "fedavg" | "fedprox" | "fedper" | "fedrep" | "fedbabu" | "ditto" |
+                 "fedrod", and that method's options ([method.fedlag] wraps the last seven in FedLAG)
 
 ``--set key=value`` overrides use dotted paths (``method.lr=0.05``); values are parsed as TOML literals.
 """
@@ -36,7 +37,9 @@ class DataConfig(_Section):
     validation: float = Field(
         0.0, ge=0, lt=1, description="> 0: hold out this fraction of each seen client's training records and evaluate "
         "on it instead of the test split (for choosing hyperparameters; unseen clients are not evaluated)")
-    context_size: int = Field(333, ge=1)
+    context_size: int = Field(333, ge=0, description="m_c, records of each client's context (0: none)")
+    min_records: int = Field(0, ge=0, description="every client gets at least this many records "
+                             "(dirichlet-per-class only)")
     limit: int | None = Field(None, ge=100, description="use only the first N pooled records (quick runs)")
 
     @model_validator(mode="after")
@@ -53,13 +56,68 @@ class FederationConfig(_Section):
     checkpoint_every: int = Field(25, ge=1)
 
 
-class FedAvgConfig(_Section):
-    name: Literal["fedavg"] = "fedavg"
-    model: Literal["lenet", "mlp"] = "lenet"
+class FedLAGConfig(_Section):
+    """FedLAG around the method it sits in (docs/fedlag.md): conflicting layers become personal."""
+
+    top_k: int = Field(2, ge=0, description="layers made personal after the warm-up")
+    xi: float = Field(0.0, ge=-1, le=1, description="a client pair conflicts on a layer when its cosine is < xi")
+    warmup: int | None = Field(None, ge=0, description="scoring rounds before the choice (default min(rounds/2, 30))")
+    unit: Literal["tensor", "module"] = Field("tensor", description="a layer is one tensor or one module's weight+bias")
+    update: Literal["delta", "gradient"] = Field("delta", description="round delta or last-minibatch gradient")
+    rechoose: bool = Field(False, description="keep scoring after the warm-up and re-choose every round")
+    choice: Literal["conflict", "first", "middle", "last"] = Field(
+        "conflict", description="top-k by conflict score, or a fixed First/Middle/Last-K for comparison")
+
+
+class _LocalSGDConfig(_Section):
+    """Options every parameter-sharing method has (docs/pfl.md)."""
+
+    model: Literal["lenet", "mlp", "dnn", "fedavgcnn"] = "lenet"
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
+    vectorize: bool | Literal["auto"] = Field(
+        "auto", description="run the clients of a round together (torch.func.vmap over stacked client models); "
+        "false: one client after another (same results to float rounding); auto: together except convolutional "
+        "models on the CPU, where it is slower (docs/pfl.md)")
+    fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
+
+
+class FedAvgConfig(_LocalSGDConfig):
+    name: Literal["fedavg"] = "fedavg"
+
+
+class FedProxConfig(_LocalSGDConfig):
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0, description="proximal weight: grad F_i(w) + mu (w - w_received)")
+
+
+class FedPerConfig(_LocalSGDConfig):
+    name: Literal["fedper"] = "fedper"
+
+
+class FedRepConfig(_LocalSGDConfig):
+    name: Literal["fedrep"] = "fedrep"
+    head_epochs: int = Field(1, ge=1, description="epochs on the head (body frozen) before the body epochs")
+
+
+class FedBABUConfig(_LocalSGDConfig):
+    name: Literal["fedbabu"] = "fedbabu"
+    finetune_epochs: int = Field(10, ge=0, description="whole-model fine-tuning before the final evaluation")
+
+
+class DittoConfig(_LocalSGDConfig):
+    name: Literal["ditto"] = "ditto"
+    lam: float = Field(0.1, ge=0, description="lambda, prox weight of the personal model to the global one")
+    personal_epochs: int = Field(1, ge=1, description="epochs on the personal model per round")
+
+
+class FedRoDConfig(_LocalSGDConfig):
+    name: Literal["fedrod"] = "fedrod"
+
+
+PFL_CONFIGS = (FedAvgConfig, FedProxConfig, FedPerConfig, FedRepConfig, FedBABUConfig, DittoConfig, FedRoDConfig)
 
 
 class PrivacyConfig(_Section):
@@ -119,8 +177,10 @@ class CompactConfig(_Section):
     init_gain: float | None = Field(
         None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)")
     subspace_stages: int = Field(2, ge=1, le=4)
-    subspace_transform: Literal["kronecker", "blocked-dct", "dct"] = Field(
-        "blocked-dct", description="how P is built and applied (docs/subspace.md): Kronecker factors or a fast DCT")
+    subspace_transform: Literal["layer-kronecker", "kronecker", "blocked-dct", "dct"] = Field(
+        "blocked-dct", description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
+        "(coefficient gradients straight from activations and errors), Kronecker factors over the whole parameter "
+        "grid, or a fast DCT")
     replay_from: str | None = Field(None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses")
     padding: bool = Field(
         True, description="pad variable-length releases (lrsuq, layered) to one fixed length set from public inputs, "
@@ -161,9 +221,11 @@ class CompactConfig(_Section):
         return self
 
 
-MethodConfig = Annotated[FedAvgConfig | CompactConfig, Field(discriminator="name")]
+MethodConfig = Annotated[
+    CompactConfig | FedAvgConfig | FedProxConfig | FedPerConfig | FedRepConfig | FedBABUConfig | DittoConfig
+    | FedRoDConfig, Field(discriminator="name")]
 DEFAULT_METHOD = "compact"
-METHOD_NAMES = ("compact", "fedavg")
+METHOD_NAMES = ("compact", "fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
 
 
 class RunConfig(_Section):

@@ -42,12 +42,19 @@ class Setup:
         return lambda: build_model(name, input_shape=shape, num_classes=classes, seed=seed)
 
 
-def _fedavg(setup: Setup) -> Method:
-    from fedtailor.methods.fedavg import FedAvg
+def _local_training(setup: Setup) -> Method:
+    """A parameter-sharing method (fedavg, fedprox, ...), wrapped in FedLAG when [method.fedlag] is given."""
+    from fedtailor.methods import pfl_method
+    from fedtailor.methods.fedlag import FedLAG
 
     m = setup.cfg.method
-    return FedAvg(model_fn=setup.model_fn(m.model), lr=m.lr, local_epochs=m.local_epochs, batch_size=m.batch_size,
-                  momentum=m.momentum, seed=setup.cfg.seed, device=setup.device)
+    base = pfl_method(m, model_fn=setup.model_fn(m.model), seed=setup.cfg.seed, device=setup.device,
+                      rounds=setup.cfg.federation.rounds)
+    if m.fedlag is None:
+        return base
+    f = m.fedlag
+    return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update, rechoose=f.rechoose,
+                  choice=f.choice)
 
 
 def _compact(setup: Setup) -> Method:
@@ -59,7 +66,9 @@ def _compact(setup: Setup) -> Method:
                              device=setup.device, context_size=setup.cfg.data.context_size)
 
 
-METHOD_BUILDERS: dict[str, Callable[[Setup], Method]] = {"fedavg": _fedavg, "compact": _compact}
+METHOD_BUILDERS: dict[str, Callable[[Setup], Method]] = {
+    "compact": _compact, **dict.fromkeys(("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod"),
+                                         _local_training)}
 
 
 def client_data(dataset: ImageDataset, partition: FederatedPartition, device: torch.device) -> dict[int, ClientData]:
@@ -88,7 +97,7 @@ def build_setup(cfg: RunConfig) -> Setup:
         labels = dataset.y
     partition = federated_partition(
         labels, num_clients=d.num_clients, num_unseen=d.num_unseen, alpha=d.alpha, scheme=d.scheme,
-        eval_fraction=d.eval_fraction, context_size=d.context_size, seed=cfg.seed,
+        eval_fraction=d.eval_fraction, context_size=d.context_size, min_records=d.min_records, seed=cfg.seed,
     )
     if d.validation > 0:
         partition = holdout_validation(partition, fraction=d.validation, seed=cfg.seed)

@@ -345,6 +345,7 @@ def federated_partition(
     scheme: Scheme = "dirichlet-equal",
     eval_fraction: float = 0.2,
     context_size: int = 333,
+    min_records: int = 0,
     seed: int,
 ) -> FederatedPartition:
     """The federated split of ``docs/data.md``, determined by ``seed`` alone.
@@ -356,6 +357,9 @@ def federated_partition(
        (``round(eval_fraction * n)``) and train (the rest), and its context is the first ``context_size``
        records of a random permutation of train; an unseen client's context is ``context_size`` random
        records and its query (eval) set is the rest.
+
+    ``min_records``: every client holds at least this many records (the per-class Dirichlet scheme moves
+    records from the largest clients to reach it; the other schemes fail with a clear error if they miss it).
     """
     labels, num_classes = _check_labels(labels)
     if scheme not in SCHEMES:
@@ -369,7 +373,7 @@ def federated_partition(
         raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction!r} (0.2 gives a 4:1 split)")
     if not isinstance(context_size, (int, np.integer)) or context_size < 0:
         raise ValueError(f"context_size must be a non-negative integer, got {context_size!r}")
-    need = _min_client_size(eval_fraction, context_size)
+    need = max(_min_client_size(eval_fraction, context_size), int(min_records))
 
     rng = numpy_rng(seed, "partition")
     if scheme == "dirichlet-equal":

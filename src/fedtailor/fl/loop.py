@@ -187,10 +187,12 @@ def _fit_round(
     t0 = time.perf_counter()
     replies: dict[int, Message] = {}
     uplink = 0
-    for cid in (int(c) for c in selected):
-        msg = method.configure_fit(state.server, rnd, cid)
-        prev = state.clients[cid] if cid in state.clients else method.init_client(cid)
-        reply, state.clients[cid] = method.client_fit(msg, prev, clients[cid])  # the client keeps its own state
+    order = [int(c) for c in selected]
+    msgs = {cid: method.configure_fit(state.server, rnd, cid) for cid in order}
+    prev = {cid: state.clients[cid] if cid in state.clients else method.init_client(cid) for cid in order}
+    results = method.client_fit_many(msgs, prev, {cid: clients[cid] for cid in order})
+    for cid in order:
+        reply, state.clients[cid] = results[cid]  # the client keeps its own state
         if _accept(method, state.server, "fit", rnd, cid, reply):
             replies[cid] = reply
             uplink += reply.nbytes()

@@ -26,7 +26,7 @@ def digits_clients():
 
 def _fedavg(ds, seed=3):
     return FedAvg(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=seed),
-                  lr=0.1, local_epochs=1, batch_size=16, seed=seed, device=torch.device("cpu"))
+                  lr=0.1, local_epochs=1, batch_size=16, seed=seed, device=torch.device("cpu"), rounds=6)
 
 
 def _schedule(part, rounds=6, per_round=3, seed=3):
@@ -47,7 +47,8 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(digits_clients,
     assert first.state.round == 3 and ckpt.exists()
     resumed = run_federated(_fedavg(ds), clients, schedule, eval_every=2, checkpoint=ckpt, progress=False)
     assert resumed.state.round == 6
-    assert torch.equal(resumed.state.server.params, full.state.server.params)
+    assert all(torch.equal(resumed.state.server.params[n], full.state.server.params[n])
+               for n in full.state.server.params)
     assert _strip(resumed.history) == _strip(full.history)
     assert resumed.evaluation == full.evaluation
 
@@ -67,18 +68,21 @@ class _Hostile(FedAvg):
         super().__init__(*args, **kw)
         self.bad, self.kind = bad, kind
 
-    def client_fit(self, msg, state, data):
-        reply, state = super().client_fit(msg, state, data)
-        if data.cid == self.bad:
-            p = reply.arrays["params"]
+    def client_fit_many(self, msgs, states, data):
+        out = super().client_fit_many(msgs, states, data)
+        if self.bad in out:
+            reply, state = out[self.bad]
+            a, name = dict(reply.arrays), "fc1.weight"
+            p = a[name]
             reply = {
-                "nan": Message(arrays={"params": p * float("nan")}, config=reply.config),
-                "shape": Message(arrays={"params": p[:-1]}, config=reply.config),
-                "missing": Message(arrays={}, config=reply.config),
-                "weight": Message(arrays={"params": p}, config={**reply.config, "num_examples": -5}),
-                "type": Message(arrays={"params": p}, config={**reply.config, "num_examples": "many"}),
+                "nan": Message(arrays={**a, name: p * float("nan")}, config=reply.config),
+                "shape": Message(arrays={**a, name: p[:-1]}, config=reply.config),
+                "missing": Message(arrays={k: v for k, v in a.items() if k != name}, config=reply.config),
+                "weight": Message(arrays=a, config={**reply.config, "num_examples": -5}),
+                "type": Message(arrays=a, config={**reply.config, "num_examples": "many"}),
             }[self.kind]
-        return reply, state
+            out[self.bad] = (reply, state)
+        return out
 
 
 @pytest.mark.parametrize("kind", ["nan", "shape", "missing", "weight", "type"])
@@ -89,11 +93,12 @@ def test_malformed_reply_is_rejected_and_the_rest_aggregated(digits_clients, kin
     honest = run_federated(_fedavg(ds), clients, schedule[:, 1:], progress=False)
     hostile = run_federated(
         _Hostile(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3), lr=0.1,
-                 local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), bad=bad, kind=kind),
+                 local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), rounds=6, bad=bad, kind=kind),
         clients, schedule, progress=False,
     )
     assert hostile.history[0]["rejected"] == 1
-    assert torch.equal(hostile.state.server.params, honest.state.server.params)
+    assert all(torch.equal(hostile.state.server.params[n], honest.state.server.params[n])
+               for n in honest.state.server.params)
 
 
 def test_validation_helpers_name_the_problem():

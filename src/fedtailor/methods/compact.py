@@ -52,6 +52,7 @@ from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
+from fedtailor.models.layerwise import LayerKroneckerSubspace
 from fedtailor.models.subspace import make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
@@ -171,7 +172,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             raise ValueError(f"coef_dim k={cfg.coef_dim} exceeds the model's d_theta={self.d}; choose k <= d_theta.")
         self.k = cfg.coef_dim if self.coefficient else self.d
         self.P = (make_subspace(dim=self.d, rank=self.k, seed=seed, transform=cfg.subspace_transform,
-                                stages=cfg.subspace_stages, device=device)
+                                stages=cfg.subspace_stages, model=self.model, device=device)
                   if self.coefficient else None)
         self.context_dim = 2 * input_shape[0]
         self.m_c, self.m_g, self.clip = context_size, cfg.privacy.batch_size, cfg.privacy.clip
@@ -294,7 +295,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     def _model_message(self, server: CompactState, cid: int, config: dict[str, Any]) -> Message:
         with torch.no_grad():
             a, _ = self.coefficients(server, [cid])
-        return Message(arrays={"a": a[0]}, config=config)
+        return Message(arrays={"a": a[0].clone()}, config=config)  # a copy: never a view of the generator
 
     def theta(self, a: torch.Tensor) -> torch.Tensor:
         """theta_i = theta_ref + P a_i (coefficient space) or theta_ref + a_i (full space)."""
@@ -321,6 +322,15 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         gen = torch_generator(self.seed, "batch", rnd, cid, device=x.device)
         return torch.randperm(len(x), generator=gen, device=x.device)[: self.m_g]
 
+    def record_gradients(self, x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Each record's gradient at ``theta``: ``P^T grad_theta l`` (m_g, k) in coefficient space (for a layer-wise
+        P straight from activations and errors, never building the (m_g, d) parameter gradients), else (m_g, d)."""
+        params = self.layout.unflatten(theta)
+        if isinstance(self.P, LayerKroneckerSubspace):
+            return self.P.per_record_coefficients(self.model, F.cross_entropy, x, y, params=params)
+        grads = per_example_gradients(self.model, F.cross_entropy, x, y, params=params)
+        return self.P.project(grads) if self.coefficient else grads
+
     def client_fit(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
         rnd, sigma = int(msg.config["round"]), float(msg.config["sigma"])
         x, y = data.train
@@ -328,9 +338,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             raise ValueError(f"client {data.cid} has {len(x)} training records, fewer than m_g={self.m_g}.")
         idx = self.batch_indices(rnd, data.cid, x)
         theta = self.theta(msg.arrays["a"])
-        grads = per_example_gradients(self.model, F.cross_entropy, x[idx], y[idx], params=self.layout.unflatten(theta))
-        if self.coefficient:
-            grads = self.P.project(grads)
+        grads = self.record_gradients(x[idx], y[idx], theta)
         u = clipped_mean(grads, clip=self.clip, denominator=self.m_g)
         u_np = u.detach().double().cpu().numpy()
         state = state or self.init_client(data.cid)

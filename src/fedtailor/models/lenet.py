@@ -11,11 +11,15 @@ and uses no statistic of anyone's data.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 
 class LeNet(nn.Module):
+    head: ClassVar[str] = "fc3"  # the classifier personalized-FL methods split off
+
     def __init__(self, *, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
@@ -37,6 +41,8 @@ class LeNet(nn.Module):
 
 class MLP(nn.Module):
     """A small two-hidden-layer perceptron for tiny inputs (e.g. 8x8 digits)."""
+
+    head: ClassVar[str] = "fc3"
 
     def __init__(self, *, in_features: int, num_classes: int = 10, hidden: int = 64) -> None:
         super().__init__()

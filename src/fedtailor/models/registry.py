@@ -7,6 +7,7 @@ from collections.abc import Callable
 from torch import nn
 
 from fedtailor.models.lenet import MLP, LeNet
+from fedtailor.models.pflnets import DNN, FedAvgCNN
 from fedtailor.rng import derive_seed
 
 Builder = Callable[[tuple[int, int, int], int], nn.Module]
@@ -24,7 +25,19 @@ def _mlp(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     return MLP(in_features=c * h * w, num_classes=num_classes)
 
 
-MODELS: dict[str, Builder] = {"lenet": _lenet, "mlp": _mlp}
+def _dnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = shape
+    return DNN(in_features=c * h * w, num_classes=num_classes)
+
+
+def _fedavgcnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    c, h, w = shape
+    if h != w:
+        raise ValueError(f"fedavgcnn expects square images, got {h}x{w}.")
+    return FedAvgCNN(in_channels=c, image_size=h, num_classes=num_classes)
+
+
+MODELS: dict[str, Builder] = {"lenet": _lenet, "mlp": _mlp, "dnn": _dnn, "fedavgcnn": _fedavgcnn}
 
 
 def build_model(name: str, *, input_shape: tuple[int, int, int], num_classes: int, seed: int | None = None) -> nn.Module:

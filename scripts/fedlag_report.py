@@ -1,0 +1,108 @@
+"""FedLAG results from sweep folders: the table of every base with and without FedLAG (mean +- std over seeds,
+paired differences), the First/Middle/Last-K comparison, and a heat map of the conflict counts per layer over the
+warm-up.
+
+    python scripts/fedlag_report.py runs/fedlag-mnist-a01 [runs/fedlag-mnist-a10 ...] \
+        --table docs/figures/fedlag_mnist.md --png docs/figures/fedlag_gc_mnist.png
+
+Each folder holds ``main/`` (grid method.name x method.fedlag.top_k=0,2) and optionally ``fixed/`` (grid
+method.fedlag.choice=first,middle,last with FedAvg), as written by the commands of docs/fedlag.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+BASES = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
+
+
+def _acc(run: Path) -> float | None:
+    f = run / "results.json"
+    if not f.exists():
+        return None
+    r = json.loads(f.read_text())
+    return 100 * r["summary"]["seen/accuracy"] if r["rounds_completed"] == r["rounds"] else None
+
+
+def _seeds(point: Path) -> dict[str, float]:
+    return {d.name: a for d in sorted(point.glob("seed*")) if (a := _acc(d)) is not None}
+
+
+def _fmt(vals: list[float]) -> str:
+    if not vals:
+        return "-"
+    return f"{np.mean(vals):.2f} +- {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
+
+
+def table(folder: Path) -> list[str]:
+    lines = ["| base | without FedLAG | with FedLAG (top_k = 2) | paired difference | seeds | personal layers (seed 41) |",
+             "|---|---|---|---|---|---|"]
+    for base in BASES:
+        off, on = _seeds(folder / "main" / f"name={base}_top_k=0"), _seeds(folder / "main" / f"name={base}_top_k=2")
+        both = sorted(set(off) & set(on))
+        diff = [on[s] - off[s] for s in both]
+        chosen = "-"
+        r41 = folder / "main" / f"name={base}_top_k=2" / "seed41" / "results.json"
+        if r41.exists():
+            chosen = ", ".join(json.loads(r41.read_text())["method_summary"].get("fedlag_personal", []))
+        lines.append(f"| {base} | {_fmt(list(off.values()))} | {_fmt(list(on.values()))} | {_fmt(diff)} | "
+                     f"{len(both)} | {chosen} |")
+    fixed = folder / "fixed"
+    if fixed.exists():
+        lines += ["", "| FedAvg + personal layers chosen by | accuracy | seeds |", "|---|---|---|"]
+        conflict = _seeds(folder / "main" / "name=fedavg_top_k=2")
+        lines.append(f"| conflict score (FedLAG) | {_fmt(list(conflict.values()))} | {len(conflict)} |")
+        for choice in ("first", "middle", "last"):
+            got = _seeds(fixed / f"choice={choice}")
+            lines.append(f"| fixed {choice.capitalize()}-K | {_fmt(list(got.values()))} | {len(got)} |")
+    return lines
+
+
+def heatmap(folders: list[Path], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [(f, b) for f in folders for b in ("fedavg", "fedper") if
+            (f / "main" / f"name={b}_top_k=2" / "seed41" / "results.json").exists()]
+    if not runs:
+        return
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), squeeze=False)
+    for ax, (folder, base) in zip(axes[0], runs):
+        s = json.loads((folder / "main" / f"name={base}_top_k=2" / "seed41" / "results.json").read_text())["method_summary"]
+        grid = np.asarray(s["fedlag_conflicts_per_round"], dtype=float).T  # layers x rounds
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_yticks(range(len(s["fedlag_candidates"])), s["fedlag_candidates"], fontsize=7)
+        ax.set_xlabel("warm-up round")
+        ax.set_title(f"{folder.name}: {base}\npersonal: {', '.join(s['fedlag_personal'])}", fontsize=8)
+        fig.colorbar(im, ax=ax, label="conflicting pairs (cos < 0)")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--table", type=Path)
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args()
+    text = []
+    for folder in args.folders:
+        text += [f"### {folder.name}", "", *table(folder), ""]
+    out = "\n".join(text)
+    print(out)
+    if args.table:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text(out + "\n")
+    if args.png:
+        heatmap(args.folders, args.png)
+
+
+if __name__ == "__main__":
+    main()

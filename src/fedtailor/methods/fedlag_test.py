@@ -1,0 +1,116 @@
+"""FedLAG: conflict counts on hand-built updates, what becomes personal, what is sent and averaged, and
+top_k = 0 against its base bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedtailor.config import load_config
+from fedtailor.experiment import build_method, build_setup
+from fedtailor.fl.loop import run_federated
+from fedtailor.methods.fedlag import FedLAG, conflict_counts
+from fedtailor.methods.pfl import LocalTraining
+
+BASE = ['data.dataset="digits"', "data.num_clients=5", "data.num_unseen=0", "data.context_size=0",
+        "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3", "data.min_records=40",
+        "federation.rounds=4", "federation.clients_per_round=5", 'method.model="mlp"', "method.lr=0.1",
+        "method.batch_size=16", "seed=5"]
+LAG = ["method.fedlag.top_k=2", "method.fedlag.warmup=2"]
+
+
+def _run(method_name: str, *extra: str):
+    setup = build_setup(load_config(None, [*BASE, f'method.name="{method_name}"', *extra]))
+    method = build_method(setup)
+    return setup, method, run_federated(method, setup.clients, setup.schedule, eval_every=2, progress=False)
+
+
+def test_conflicts_are_pairs_strictly_below_xi_from_one_gram_matrix():
+    h = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0]])
+    # pairs: (0,1) cos 0, (0,2) cos -1, (1,2) cos 0; row 3 is zero and takes part in no pair
+    assert conflict_counts(h, xi=0.0) == 1  # a cosine exactly at xi = 0 is not a conflict
+    assert conflict_counts(h, xi=1e-12) == 3
+    assert conflict_counts(h, xi=-1.0) == 0
+    g = torch.tensor([[3.0, 4.0], [4.0, 3.0]])  # cos = 24/25 = 0.96 exactly
+    assert conflict_counts(g, xi=0.96) == 0 and conflict_counts(g, xi=0.9600001) == 1
+    # against the pairwise definition on random updates
+    r = torch.randn(7, 30, generator=torch.Generator().manual_seed(1))
+    cos = torch.nn.functional.cosine_similarity(r[:, None], r[None, :], dim=2)
+    want = sum(int(cos[i, j] < 0.1) for i in range(7) for j in range(i + 1, 7))
+    assert conflict_counts(r, xi=0.1) == want
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedper", "ditto", "fedrod"])
+def test_top_k_zero_is_the_base_method_bit_for_bit(base):
+    _, _, plain = _run(base)
+    _, _, wrapped = _run(base, "method.fedlag.top_k=0", "method.fedlag.warmup=2")
+    for n, t in plain.state.server.params.items():
+        assert torch.equal(wrapped.state.server.base.params[n], t)
+    for cid, state in plain.state.clients.items():
+        assert all(torch.equal(wrapped.state.clients[cid].params[n], t) for n, t in state.params.items())
+    assert plain.evaluation == wrapped.evaluation
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedper", "fedrep", "fedbabu", "ditto", "fedrod", "fedprox"])
+def test_personal_layers_are_never_sent_nor_averaged_and_shared_ones_reach_every_client(base):
+    setup, method, result = _run(base, *LAG)
+    assert isinstance(method, FedLAG) and isinstance(method.base, LocalTraining)
+    server = result.state.server
+    personal = server.base.personal
+    assert len(method.personal_names(server.chosen)) == len(personal) > 0
+    assert not personal & method.base.own_personal  # chosen among the candidates only
+    assert all(method.summary(server)["fedlag_scores"][j] >= 0 for j in range(len(method.candidates)))
+    # after the warm-up the server never touched the personal layers: they hold the round-2 average
+    for cid in setup.clients:
+        msg = method.configure_fit(server, 4, cid)
+        assert not set(msg.arrays) & (personal | method.base.own_personal)
+    # the clients' personal copies differ from each other (they train alone), the shared ones are equal
+    evals = [method.base.start_model(method.configure_evaluate(server, c), result.state.clients[c])[0]
+             for c in sorted(setup.clients)]
+    for n in method.base.names:
+        same = all(torch.equal(evals[0][n], e[n]) for e in evals[1:])
+        if n in personal:
+            assert not same, n
+        elif n not in method.base.own_personal:
+            assert same, n
+
+
+def test_the_choice_is_the_top_k_by_score_with_ties_to_the_earlier_layer_and_fixed_choices_by_position():
+    setup = build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG]))
+    method = build_method(setup)
+    assert method.choose([1, 5, 5, 0, 2, 5]) == (1, 2)
+    for choice, want in (("first", (0, 1)), ("middle", (2, 3)), ("last", (4, 5))):
+        fixed = build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG,
+                                                            f'method.fedlag.choice="{choice}"'])))
+        assert fixed.choose([9, 9, 9, 9, 9, 9]) == want
+    with pytest.raises(ValueError, match="top_k=9"):
+        build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', "method.fedlag.top_k=9"])))
+
+
+@pytest.mark.parametrize("option", ['method.fedlag.update="gradient"', "method.fedlag.rechoose=true",
+                                    'method.fedlag.unit="module"'])
+def test_options_run_and_report_their_scores(option):
+    _, method, result = _run("fedavg", *LAG, option)
+    summary = method.summary(result.state.server)
+    rows = summary["fedlag_conflicts_per_round"]
+    assert len(rows) == (4 if "rechoose" in option else 2) and all(len(r) == len(method.candidates) for r in rows)
+    assert summary["fedlag_scores"] == [sum(col) for col in zip(*rows)]
+    if "module" in option:
+        assert all("+" in c for c in summary["fedlag_candidates"])  # weight and bias together
+    assert result.history[-1]["rejected"] == 0
+
+
+def test_a_reply_without_its_requested_reports_is_refused():
+    setup, method, result = _run("fedavg", *LAG, "method.fedlag.rechoose=true")
+    server = result.state.server
+    cid = sorted(setup.clients)[0]
+    msg = method.configure_fit(server, 4, cid)
+    assert msg.config["report"] == "delta"
+    reply, _ = method.client_fit(msg, result.state.clients[cid], setup.clients[cid])
+    method.validate_reply(server, "fit", 4, cid, reply)
+    from fedtailor.fl.records import InvalidMessage, Message
+
+    stripped = Message(arrays={n: t for n, t in reply.arrays.items() if not n.startswith("report/")},
+                       config=reply.config)
+    with pytest.raises(InvalidMessage, match="report"):
+        method.validate_reply(server, "fit", 4, cid, stripped)

@@ -1,0 +1,31 @@
+"""FedRep: *Exploiting Shared Representations for Personalized Federated Learning* (Collins, Hassani,
+Mokhtari, Shakkottai, 2021, arXiv:2102.07078).
+
+Each round a client first trains its personal head with the body frozen (``head_epochs``, default 1), then
+the body with the head frozen (``local_epochs``); only the body is shared (Algorithm 1 of the paper, as
+PFLlib runs it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedtailor.fl.records import ClientData
+from fedtailor.methods.pfl import ClientBatch, LocalTraining, Params
+from fedtailor.models.parts import head_names
+
+
+class FedRep(LocalTraining):
+    name = "fedrep"
+
+    def __init__(self, *, head_epochs: int, **kw) -> None:
+        super().__init__(**kw)
+        self.head_epochs = head_epochs
+        self.own_personal = head_names(self.model)
+        self.body = frozenset(self.names) - self.own_personal
+
+    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
+                      rnd: int) -> tuple[Params, Params, Any]:
+        theta, _ = self.sgd(theta, data, rnd, trainable=self.own_personal, epochs=self.head_epochs, tag=("head",))
+        theta, loss = self.sgd(theta, data, rnd, trainable=self.body)
+        return theta, extra, loss

@@ -1,0 +1,244 @@
+"""Personalized FL by parameter sharing: what FedAvg, FedProx, FedPer, FedRep, FedBABU, Ditto and FedRoD have in
+common, written once, and the seam the FedLAG wrapper (:mod:`fedtailor.methods.fedlag`) plugs into.
+
+Notation. ``theta`` is a model's parameters by name (``named_parameters()`` order). The server holds one global
+value ``theta_g[n]`` for every name ``n``. A method has an *own personal part* ``O`` (e.g. the head of FedPer),
+and the server state carries a set ``L`` of names a wrapper made personal (FedLAG's layers; empty otherwise).
+
+Round ``t``, client ``i``:
+
+1. the server sends the shared names ``S = all - O - L`` with their global values;
+2. the client's starting model is its own model after its last round with ``S`` overwritten by what it
+   received: whatever is not sent stays personal (a client that never trained starts from the common
+   initialisation ``theta_0``, drawn from the public seed);
+3. it runs the method's local program (:meth:`LocalTraining.local_program`) and replies with its new values of
+   ``S``, its number of training records ``n_i`` and its mean training loss;
+4. the server checks every reply (exactly the names of ``S``, their shapes, finite values) and sets
+   ``theta_g[n] = sum_i n_i theta_i[n] / sum_i n_i`` for ``n`` in ``S`` (FedAvg's weighted mean).
+
+Evaluation: every client's own personalized model (received ``S`` plus its personal rest, or the method's own
+predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. All local
+training is plain minibatch SGD (:func:`fedtailor.fl.training.functional_sgd`) in an order drawn from the key
+``(seed, "batches", t, i)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from fedtailor.fl.method import Method
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
+from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
+from fedtailor.rng import torch_generator
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass
+class SharedState:
+    """Server state: the global value of every parameter, the wrapper-made personal names, the last round."""
+
+    params: Params
+    personal: frozenset[str] = frozenset()
+    round: int = 0
+
+
+@dataclass
+class PersonalState:
+    """A client's state: its model after its last round (every name) and method-specific tensors (Ditto's
+    personal model, FedRoD's personal head), both kept on the client side of the API."""
+
+    params: Params
+    extra: Params = field(default_factory=dict)
+
+
+@dataclass
+class ClientBatch:
+    """Clients that run the same local program in one round, executed together (:meth:`LocalTraining.sgd`)."""
+
+    clients: list[ClientData]
+
+    def stack(self, fn: Callable[[ClientData], torch.Tensor]) -> torch.Tensor:
+        return torch.stack([fn(d) for d in self.clients])
+
+
+def per_client(data: ClientData | ClientBatch, fn: Callable[[ClientData], torch.Tensor]) -> torch.Tensor:
+    """``fn(data)`` for one client, stacked over the clients of a batch."""
+    return data.stack(fn) if isinstance(data, ClientBatch) else fn(data)
+
+
+class LocalTraining(Method[SharedState, PersonalState]):
+    """Base of the parameter-sharing methods. Subclasses set ``name``, may set ``own_personal`` in ``__init__``
+    and override :meth:`local_program`, :meth:`init_extra` and :meth:`predict`."""
+
+    name = "local-training"
+
+    def __init__(
+        self,
+        *,
+        model_fn: Callable[[], nn.Module],
+        lr: float,
+        local_epochs: int,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        rounds: int,
+        momentum: float = 0.0,
+        vectorize: bool | Literal["auto"] = "auto",
+    ) -> None:
+        self.model = model_fn().to(device)  # one working module; parameters are passed functionally
+        self.lr, self.local_epochs, self.batch_size, self.momentum = lr, local_epochs, batch_size, momentum
+        self.seed, self.device, self.rounds = seed, device, rounds
+        # auto: together, except convolutional models on the CPU, where vmap's grouped convolutions are slower
+        # than one client after another (docs/pfl.md, benchmarks/bench_pfl_round.py)
+        convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules())
+        self.vectorize = (not (convolutional and self.device.type == "cpu")) if vectorize == "auto" else bool(vectorize)
+        self.theta0: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        self.names = tuple(self.theta0)
+        self.own_personal: frozenset[str] = frozenset()
+
+    # ----- what subclasses change ---------------------------------------------------------------------
+    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
+                      rnd: int) -> tuple[Params, Params, Any]:
+        """The client's local work of round ``rnd`` from its starting model ``theta`` (``received`` holds the
+        just-received global values of the shared names). Returns the new model, new extra state and the mean
+        training loss. Default: ``local_epochs`` of SGD on cross-entropy over every parameter (FedAvg).
+
+        Written once for one client; with a :class:`ClientBatch` every tensor carries a leading client axis and
+        the loss is the mean per client (a list), which :meth:`sgd` and :func:`per_client` handle."""
+        theta, loss = self.sgd(theta, data, rnd)
+        return theta, extra, loss
+
+    def init_extra(self) -> Params:
+        """Method-specific client tensors before a client's first round."""
+        return {}
+
+    def predict(self, theta: Params, extra: Params, *, data: ClientData, final: bool) -> tuple[Params, Params]:
+        """What a client evaluates with (``final``: the run's last evaluation), passed to :meth:`eval_logits`.
+        Default: its model as it stands."""
+        return theta, extra
+
+    # ----- shared helpers -----------------------------------------------------------------------------
+    def logits(self, theta: Params, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.model, theta, (x,))
+
+    def ce_loss(self, theta: Params, aux: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(theta, x), y)
+
+    def batches(self, rnd: int, cid: int, *tag: Any) -> torch.Generator:
+        return torch_generator(self.seed, "batches", rnd, cid, *tag, device=self.device)
+
+    def sgd(self, theta: Params, data: ClientData | ClientBatch, rnd: int, *, trainable: frozenset[str] | None = None,
+            epochs: int | None = None, loss: LossFn | None = None, aux: Params | None = None,
+            tag: tuple[Any, ...] = ()) -> tuple[Params, Any]:
+        """SGD of one client, or of a :class:`ClientBatch` at once (``theta`` and ``aux`` then stacked along a
+        leading client axis; the loss is written for one client either way)."""
+        kw = dict(trainable=self.names if trainable is None else trainable, aux=aux, batch_size=self.batch_size,
+                  epochs=self.local_epochs if epochs is None else epochs, lr=self.lr, momentum=self.momentum)
+        if isinstance(data, ClientBatch):
+            return batched_sgd(loss or self.ce_loss, theta, [d.train[0] for d in data.clients],
+                               [d.train[1] for d in data.clients],
+                               generators=[self.batches(rnd, d.cid, *tag) for d in data.clients], **kw)
+        x, y = data.train
+        return functional_sgd(loss or self.ce_loss, theta, x, y, generator=self.batches(rnd, data.cid, *tag), **kw)
+
+    def shared_names(self, server: SharedState) -> tuple[str, ...]:
+        """``S = all - O - L`` in parameter order."""
+        return tuple(n for n in self.names if n not in self.own_personal and n not in server.personal)
+
+    # ----- server side --------------------------------------------------------------------------------
+    def init_server(self) -> SharedState:
+        return SharedState(params={n: t.clone() for n, t in self.theta0.items()})
+
+    def configure_fit(self, server: SharedState, rnd: int, cid: int) -> Message:
+        return Message(arrays={n: server.params[n] for n in self.shared_names(server)}, config={"round": rnd})
+
+    def validate_reply(self, server: SharedState, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        expected = self.shared_names(server)
+        if set(reply.arrays) != set(expected):
+            missing, extra = sorted(set(expected) - set(reply.arrays)), sorted(set(reply.arrays) - set(expected))
+            raise InvalidMessage(f"reply must carry exactly the shared parameters; missing {missing[:5]}, "
+                                 f"unexpected {extra[:5]}.")
+        for n in expected:
+            reply.array(n, shape=tuple(self.theta0[n].shape))
+        if reply.value("num_examples", int) <= 0:
+            raise InvalidMessage(f"num_examples must be positive, got {reply.config['num_examples']}.")
+        reply.value("loss", float)
+
+    def aggregate_fit(self, server: SharedState, rnd: int, replies: dict[int, Message]) -> tuple[SharedState, Metrics]:
+        weights = torch.tensor([float(r.config["num_examples"]) for r in replies.values()], device=self.device,
+                               dtype=torch.float64)
+        w = (weights / weights.sum()).to(torch.float32)
+        params = dict(server.params)
+        for n in self.shared_names(server):
+            stacked = torch.stack([r.arrays[n].to(self.device) for r in replies.values()])
+            params[n] = torch.tensordot(w, stacked, dims=1)
+        loss = float(sum(float(r.config["loss"]) * wi for r, wi in zip(replies.values(), w.tolist())))
+        return SharedState(params=params, personal=server.personal, round=rnd), {"loss": loss}
+
+    def configure_evaluate(self, server: SharedState, cid: int) -> Message:
+        return Message(arrays={n: server.params[n] for n in self.shared_names(server)},
+                       config={"final": server.round >= self.rounds})
+
+    # ----- client side --------------------------------------------------------------------------------
+    def init_client(self, cid: int) -> PersonalState:
+        return PersonalState(params={n: t.clone() for n, t in self.theta0.items()}, extra=self.init_extra())
+
+    def start_model(self, msg: Message, state: PersonalState | None) -> tuple[Params, Params, Params]:
+        """(starting model, extra state, received values) of a client receiving ``msg``."""
+        state = state if state is not None else self.init_client(-1)
+        received = {n: t.to(self.device) for n, t in msg.arrays.items() if n in self.theta0}
+        return {**state.params, **received}, state.extra, received
+
+    def client_fit(self, msg: Message, state: PersonalState | None, data: ClientData) -> tuple[Message, PersonalState]:
+        theta, extra, received = self.start_model(msg, state)
+        theta, extra, loss = self.local_program(theta, extra, received, data, int(msg.config["round"]))
+        reply = Message(arrays={n: theta[n].detach() for n in received},
+                        config={"num_examples": len(data.train[1]), "loss": float(loss)})
+        return reply, PersonalState(params={n: t.detach() for n, t in theta.items()}, extra=extra)
+
+    def client_fit_many(self, msgs: dict[int, Message], states: dict[int, PersonalState | None],
+                        data: dict[int, ClientData]) -> dict[int, tuple[Message, PersonalState]]:
+        """The round's local programs of all ``msgs`` executed together (``vectorize``): the clients' starting
+        models are stacked and :meth:`local_program` runs once on the stack. Same results as one
+        :meth:`client_fit` per client, to float rounding (tested)."""
+        cids = sorted(msgs)
+        names = {frozenset(msgs[c].arrays) for c in cids}
+        if not self.vectorize or len(cids) < 2 or len(names) > 1 or len({msgs[c].config["round"] for c in cids}) > 1:
+            return super().client_fit_many(msgs, states, data)
+        starts = [self.start_model(msgs[c], states.get(c)) for c in cids]
+        theta = {n: torch.stack([s[0][n] for s in starts]) for n in self.names}
+        extra = {n: torch.stack([s[1][n] for s in starts]) for n in starts[0][1]}
+        received = {n: torch.stack([s[2][n] for s in starts]) for n in starts[0][2]}
+        batch = ClientBatch([data[c] for c in cids])
+        theta, extra, losses = self.local_program(theta, extra, received, batch, int(msgs[cids[0]].config["round"]))
+        out = {}
+        for j, c in enumerate(cids):
+            reply = Message(arrays={n: theta[n][j].detach() for n in received},
+                            config={"num_examples": len(data[c].train[1]), "loss": float(losses[j])})
+            out[c] = (reply, PersonalState(params={n: t[j].detach() for n, t in theta.items()},
+                                           extra={n: t[j].detach() for n, t in extra.items()}))
+        return out
+
+    def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
+        theta, extra, _ = self.start_model(msg, state)
+        x, y = data.eval
+        params, extra = self.predict(theta, extra, data=data, final=bool(msg.config.get("final", False)))
+        acc, loss = accuracy_and_loss_of(lambda xb: self.eval_logits(params, extra, xb), x, y)
+        return {"accuracy": acc, "loss": loss, "num_examples": float(len(x))}
+
+    def eval_logits(self, params: Params, extra: Params, x: torch.Tensor) -> torch.Tensor:
+        """Logits a client predicts with (FedRoD adds its personal head)."""
+        return self.logits(params, x)
+
+
+def prox_term(theta: Params, anchor: Params, mu: float) -> torch.Tensor:
+    """(mu / 2) sum_n ||theta[n] - anchor[n]||^2 over the names of ``anchor``."""
+    return 0.5 * mu * sum((theta[n] - a).pow(2).sum() for n, a in anchor.items())
