@@ -6,32 +6,6 @@ import pytest
 
 from fedtailor.cli import main
 
-TINY_TOML = """
-name = "tiny"
-[data]
-dataset = "digits"
-num_clients = 6
-num_unseen = 1
-context_size = 20
-[federation]
-rounds = 4
-clients_per_round = 3
-eval_every = 2
-checkpoint_every = 1
-[method]
-name = "fedavg"
-model = "mlp"
-lr = 0.1
-"""
-
-
-@pytest.fixture()
-def tiny(tmp_path) -> list[str]:
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY_TOML)
-    return [str(path)]
-
-
 def test_run_writes_a_complete_run_directory_and_report(tmp_path, capsys, tiny):
     out = tmp_path / "run"
     assert main(["run", *tiny, "--out", str(out), "--no-progress"]) == 0

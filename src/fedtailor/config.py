@@ -296,13 +296,28 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist.")
-    text = path.read_text()
+    if path.is_dir():
+        raise ConfigError(f"config path {path} is a directory; give a .toml, .yaml or .json file.")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file; a config is TOML, YAML or JSON text.") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}.") from None
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+            raise ConfigError(f"{path} is not valid YAML{at}: {getattr(err, 'problem', None) or err}.") from None
     elif path.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path} is not valid JSON: {err}.") from None
     else:
         try:
             data = tomllib.loads(text)

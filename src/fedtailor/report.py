@@ -14,9 +14,24 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
     results_path = run_dir / "results.json"
     if not results_path.exists():
         raise FileNotFoundError(f"{run_dir} has no results.json; is it a finished `fedtailor run` directory?")
-    results = json.loads(results_path.read_text())
+    try:
+        results = json.loads(results_path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{results_path} is not valid JSON (damaged?); rerun the run to rewrite it.") from None
+    missing = [k for k in ("name", "method", "dataset", "seed", "rounds", "rounds_completed", "summary", "per_client")
+               if not isinstance(results, dict) or k not in results]
+    if missing:
+        raise ValueError(f"{results_path} lacks {', '.join(missing)}: not the results of a `fedtailor run`.")
     metrics_path = run_dir / "metrics.jsonl"
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()] if metrics_path.exists() else []
+    history = []
+    if metrics_path.exists():
+        for i, line in enumerate(metrics_path.read_text(errors="replace").splitlines(), 1):
+            if line.strip():
+                try:
+                    history.append(json.loads(line))
+                except ValueError:
+                    raise ValueError(f"{metrics_path} line {i} is not valid JSON (damaged?); delete the file to "
+                                     "report without learning curves.") from None
     return results, history
 
 
@@ -41,7 +56,7 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
 def summary_lines(results: dict[str, Any]) -> list[str]:
     s = results["summary"]
     lines = [f"run {results['name']}: method {results['method']} on {results['dataset']}, seed {results['seed']}, "
-             f"{results['rounds_completed']}/{results['rounds']} rounds, {results['wall_seconds']:.1f} s"]
+             f"{results['rounds_completed']}/{results['rounds']} rounds, {results.get('wall_seconds', 0.0):.1f} s"]
     for group, label in (("seen", "Seen"), ("future", "Future")):
         if f"{group}/accuracy" in s:
             n = sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
@@ -111,8 +126,13 @@ def plot_run(results: dict[str, Any], history: list[dict[str, Any]], out_dir: st
 def report(run_dir: str | Path, *, plots: bool = True) -> str:
     """The text report of a run (summary and per-client table); writes the PNG plots into the run directory."""
     results, history = load_run(run_dir)
-    cols = ["client", "seen"] + [k for k in results["per_client"][0] if k not in ("client", "seen")]
-    text = "\n".join(summary_lines(results)) + "\n\nper-client results:\n" + format_table(results["per_client"], cols)
+    clients = results["per_client"]
+    if clients:
+        cols = ["client", "seen"] + [k for k in clients[0] if k not in ("client", "seen")]
+        table = format_table(clients, cols)
+    else:
+        table = "(no client was evaluated: no client has evaluation records in this run)"
+    text = "\n".join(summary_lines(results)) + "\n\nper-client results:\n" + table
     if plots:
         written = plot_run(results, history, run_dir)
         text += "\n\nplots: " + ", ".join(str(p) for p in written)

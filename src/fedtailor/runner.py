@@ -10,13 +10,16 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from fedtailor.config import RunConfig, dump_config
 from fedtailor.experiment import build_method, build_setup
-from fedtailor.fl.loop import run_federated, summarize
+from fedtailor.fl.loop import RunInterrupted, load_checkpoint, run_federated, summarize
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +29,63 @@ def default_run_dir(cfg: RunConfig) -> Path:
 
 
 def _jsonable(value: Any) -> Any:
+    """Plain JSON values; non-finite floats become null (bare NaN is not JSON)."""
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return value.item()
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Valid JSON (non-finite floats as null), written atomically (temp file + rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(value), indent=2, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def config_differences(saved: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs, with both values."""
+    out = []
+    for key in sorted(set(saved) | set(new)):
+        a, b, name = saved.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name} (was {a!r}, now {b!r})")
+    return out
+
+
+def _check_out(out: Path, cfg_text: str, *, resume: bool) -> bool:
+    """Refuse an unusable run directory before anything is loaded; returns True when it must be created."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory; choose another path for the run directory.")
+    fresh = not out.exists() or not any(out.iterdir())
+    if not resume:
+        if not fresh:
+            raise FileExistsError(
+                f"run directory {out} already exists; pass --resume to continue it or --out to choose another.")
+        return not out.exists()
+    if fresh:
+        raise FileNotFoundError(f"--resume: {out} holds no run to continue; drop --resume to start one there.")
+    saved_path = out / "config.json"
+    if not saved_path.exists():
+        raise ValueError(f"--resume: {out} has no config.json, so it is not a run directory (or not one of ours); "
+                         "start the run in a new directory with --out.")
+    try:
+        saved = json.loads(saved_path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--resume: {saved_path} is unreadable ({err}); start the run in a new directory.") from None
+    diff = config_differences(saved, json.loads(cfg_text))
+    if diff:
+        raise ValueError(f"{out} was run with a different config: {'; '.join(diff[:8])}"
+                         f"{' ...' if len(diff) > 8 else ''}. Resume with the same config and --set values, or "
+                         "use --out for a new run.")
+    return False
 
 
 def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
@@ -55,42 +108,62 @@ def run_experiment(
     stop_after: int | None = None,
 ) -> Path:
     """Run ``cfg``; returns the run directory. With ``resume`` an interrupted run continues from its
-    checkpoint and ends with the same results as an uninterrupted one."""
+    checkpoint and ends with the same results as an uninterrupted one.
+
+    Nothing is written until the run can start: the directory, data, method and (on resume) the checkpoint are
+    checked first, and a run that fails before its first checkpoint removes the directory this call created.
+    A diverging run (non-finite loss) raises :class:`~fedtailor.fl.loop.TrainingDiverged` and writes no
+    results; an interrupt raises :class:`~fedtailor.fl.loop.RunInterrupted` naming the last checkpoint.
+    """
     out = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     ckpt = out / "checkpoint.pt"
-    metrics_path = out / "metrics.jsonl"
-    if out.exists() and any(out.iterdir()) and not resume:
-        raise FileExistsError(
-            f"run directory {out} already exists; pass --resume to continue it or --out to choose another."
-        )
-    if resume and (out / "config.json").exists():
-        saved = json.loads((out / "config.json").read_text())
-        if saved != json.loads(dump_config(cfg)):
-            raise ValueError(f"{out} was run with a different config; resume with the same config and --set values.")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(dump_config(cfg))
+    cfg_text = dump_config(cfg)
+    create = _check_out(out, cfg_text, resume=resume)
 
     t0 = time.perf_counter()
     setup = build_setup(cfg)
     method = build_method(setup)
-    # metrics.jsonl mirrors the loop's history; on resume it is rewritten from the checkpoint's history.
-    metrics_path.write_text("")
+    history: list[dict[str, Any]] = []
+    if ckpt.exists():  # read and check it before touching anything
+        history = load_checkpoint(ckpt, setup.schedule).history
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot create the run directory {out}: {err.strerror or err}; choose another --out.") from None
+    try:
+        result = _run_in(out, cfg, cfg_text, setup, method, history, progress=progress, stop_after=stop_after)
+    except BaseException as err:
+        if create and not ckpt.exists():  # nothing to resume: leave no directory behind
+            shutil.rmtree(out, ignore_errors=True)
+        if isinstance(err, RunInterrupted):
+            err.run_dir = out if ckpt.exists() else None
+        raise
+    if result.state.round < cfg.federation.rounds:
+        log.info("stopped after round %d of %d; continue with --resume", result.state.round, cfg.federation.rounds)
+    _write_results(out, cfg, setup, method, result, wall=time.perf_counter() - t0)
+    return out
+
+
+def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, history: list[dict[str, Any]], *,
+            progress: bool, stop_after: int | None) -> Any:
+    (out / "config.json").write_text(cfg_text)
+    metrics_path = out / "metrics.jsonl"
+    # metrics.jsonl mirrors the loop's history: rewritten from the checkpoint's (atomically), then appended
+    tmp = metrics_path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(_jsonable(r), allow_nan=False) + "\n" for r in history))
+    os.replace(tmp, metrics_path)
 
     def on_round(record: dict[str, Any]) -> None:
         with metrics_path.open("a") as fh:
-            fh.write(json.dumps(_jsonable(record)) + "\n")
+            fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
 
-    if ckpt.exists():
-        from fedtailor.fl.loop import load_checkpoint
-
-        for record in load_checkpoint(ckpt, setup.schedule).history:
-            on_round(record)
-    result = run_federated(
-        method, setup.clients, setup.schedule, eval_every=cfg.federation.eval_every, checkpoint=ckpt,
+    return run_federated(
+        method, setup.clients, setup.schedule, eval_every=cfg.federation.eval_every, checkpoint=out / "checkpoint.pt",
         checkpoint_every=cfg.federation.checkpoint_every, on_round=on_round, progress=progress, stop_after=stop_after,
     )
-    if result.state.round < cfg.federation.rounds:
-        log.info("stopped after round %d of %d; continue with --resume", result.state.round, cfg.federation.rounds)
+
+
+def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: Any, *, wall: float) -> None:
     per_client = [
         {"client": cid, "seen": setup.clients[cid].seen, **result.evaluation[cid],
          "num_examples": int(result.evaluation[cid]["num_examples"])}
@@ -104,16 +177,16 @@ def run_experiment(
         "rounds_completed": result.state.round,
         "rounds": cfg.federation.rounds,
         "summary": summarize(result.evaluation, setup.clients),
-        "method_summary": _jsonable(method.summary(result.state.server)),
+        "method_summary": method.summary(result.state.server),
         "round_totals": round_totals(result.history),
         "per_client": per_client,
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": wall,
     }
-    (out / "results.json").write_text(json.dumps(_jsonable(results), indent=2))
+    write_json(out / "results.json", results)
     for name, text in method.artifacts(result.state.server).items():
         (out / name).write_text(text)
+    fields = list(per_client[0]) if per_client else ["client", "seen", "num_examples"]
     with (out / "clients.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(per_client[0]))
+        writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(per_client)
-    return out

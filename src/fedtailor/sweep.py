@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from fedtailor.config import load_config, parse_override
+from fedtailor.data.datasets import check_dataset_name
 from fedtailor.report import aggregate_seeds, format_table
 from fedtailor.runner import run_experiment
 
@@ -42,8 +43,10 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     grid = []
     for item in items:
         key, _ = parse_override(item)
-        values = item.split("=", 1)[1].split(",")
-        grid.append((".".join(key), [v.strip() for v in values if v.strip()]))
+        values = [v.strip() for v in item.split("=", 1)[1].split(",") if v.strip()]
+        if not values:
+            raise ValueError(f"--grid {item!r} has no values; write KEY=V1,V2 (e.g. --grid method.lr=0.05,0.1).")
+        grid.append((".".join(key), values))
     return grid
 
 
@@ -59,17 +62,30 @@ def run_sweep(
 ) -> str:
     """Run every grid point for every seed (skipping finished runs); returns the aggregated table."""
     out = Path(out)
-    rows = []
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; a sweep writes a directory of runs, choose another path.")
+    if not seeds:
+        raise ValueError("no seeds to run; give --seeds, e.g. 41-43.")
     points = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
+    # every point and seed is validated before anything runs: a bad value fails now, not after hours
+    configs = {}
+    for point in points:
+        for seed in seeds:
+            sets = [*overrides, *(f"{k}={v}" for k, v in point), f"seed={seed}"]
+            try:
+                configs[point, seed] = load_config(config, sets)
+            except ValueError as err:
+                raise ValueError(f"sweep point {_slug(point)}, seed {seed}: {err}") from None
+            check_dataset_name(configs[point, seed].data.dataset)
+    rows = []
     for point in points:
         run_dirs = []
         for seed in seeds:
-            sets = [*overrides, *(f"{k}={v}" for k, v in point), f"seed={seed}"]
-            cfg = load_config(config, sets)
             run_dir = out / _slug(point) / f"seed{seed}"
             if not (run_dir / "results.json").exists() or _unfinished(run_dir):
                 log.info("sweep: %s seed %d -> %s", _slug(point), seed, run_dir)
-                run_experiment(cfg, run_dir, resume=run_dir.exists(), progress=progress)
+                started = run_dir.is_dir() and any(run_dir.iterdir())
+                run_experiment(configs[point, seed], run_dir, resume=started, progress=progress)
             run_dirs.append(run_dir)
         stats = aggregate_seeds(run_dirs)
         row = {k: v for k, v in point}

@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 
+from fedtailor.fl.loop import RunInterrupted
 from fedtailor.privacy.ledger import PrivacyBudgetExceeded
 
 # Modules under fedtailor.cli that define ``register(subparsers)``; each adds its subcommands.
@@ -35,12 +36,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError, KeyError, PrivacyBudgetExceeded) as err:
+    except RunInterrupted as err:
+        if err.run_dir is not None:
+            where = (f"the last checkpoint is at round {err.checkpoint_round}; continue with the same command plus "
+                     f"--resume --out {err.run_dir}")
+        else:
+            where = "no checkpoint had been written yet, so nothing was kept; run it again to start over"
+        print(f"fedtailor {args.command}: interrupted during round {err.round}; {where}.", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"fedtailor {args.command}: interrupted.", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, KeyError, PrivacyBudgetExceeded) as err:
         # user errors (and a release the privacy budget refuses): one clear line, no traceback
         if args.verbose:
             raise
-        print(f"fedtailor {args.command}: error: {err}", file=sys.stderr)
+        print(f"fedtailor {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None and not str(err).startswith(str(err.filename)):
+        text = f"{err.strerror or err}: {err.filename}"
+    else:
+        text = str(err)
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,6 +26,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def _codec_options(args: argparse.Namespace) -> dict[str, object]:
     options: dict[str, object] = {}
     if args.codec == "lrsuq":
@@ -66,7 +76,19 @@ def _cmd_roundtrip(args: argparse.Namespace) -> int:
     path = Path(args.input)
     if not path.is_file():
         raise FileNotFoundError(f"input file {path} not found (expected a .npy array of shape (n, d))")
-    inputs = np.load(path, allow_pickle=False)
+    try:
+        inputs = np.load(path, allow_pickle=False)
+    except Exception as err:  # noqa: BLE001 - np.load raises many kinds on foreign bytes
+        raise ValueError(f"{path} is not a .npy array file ({type(err).__name__}); save the inputs with "
+                         "numpy.save(path, array) as a float array of shape (n, d) or (d,).") from None
+    if not isinstance(inputs, np.ndarray) or inputs.ndim not in (1, 2) or inputs.size == 0:
+        shape = getattr(inputs, "shape", None)
+        raise ValueError(f"{path} holds an array of shape {shape}; expected a non-empty float array of shape "
+                         "(n, d) or (d,).")
+    if not np.issubdtype(inputs.dtype, np.number) or np.iscomplexobj(inputs):
+        raise ValueError(f"{path} holds {inputs.dtype} values; expected real numbers (float64 or float32).")
+    if not np.all(np.isfinite(inputs)):
+        raise ValueError(f"{path} contains NaN or infinite values; a release needs finite inputs.")
     options = _codec_options(args)
     out = roundtrip(
         inputs, codec_name=args.codec, options=options, sigma=args.sigma, seed=args.seed, client=args.client
@@ -122,7 +144,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rt.add_argument("--seed", type=int, required=True, help="run secret from which release keys are derived")
     rt.add_argument("--client", type=int, default=0, help="client id in the release keys (default 0)")
     rt.add_argument("--out", required=True, help="output .npz")
-    rt.add_argument("--block-size", type=int, default=4, help="lrsuq block size b (default 4)")
+    rt.add_argument("--block-size", type=_positive_int, default=4, help="lrsuq block size b (default 4)")
     rt.add_argument("--lattice", choices=("Z", "D4"), default="Z", help="lrsuq lattice (default Z)")
     rt.add_argument(
         "--coder", choices=("elias", "ans"), default="elias", help="entropy coder (default elias)"
@@ -136,10 +158,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Personalized Federated Learning with Compact Adaptation and Variable-Length Gaussian "
         "Communication*.",
     )
-    bench.add_argument("--k", type=int, default=16384, help="coefficients per release (default 16384)")
+    bench.add_argument("--k", type=_positive_int, default=16384, help="coefficients per release (default 16384)")
     bench.add_argument("--sigma", type=_positive_float, default=0.01468, help="noise std (default 0.01468)")
     bench.add_argument("--norm", type=_positive_float, default=1.0, help="||u|| of each release (default 1)")
-    bench.add_argument("--releases", type=int, default=20, help="releases per codec (default 20)")
+    bench.add_argument("--releases", type=_positive_int, default=20, help="releases per codec (default 20)")
     bench.add_argument("--seed", type=int, default=0, help="seed of inputs and keys (default 0)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.set_defaults(func=_cmd_bench)

@@ -413,12 +413,8 @@ def _load_cached(name: str, root: Path | None) -> ImageDataset:
     return ds
 
 
-def load_dataset(name: str, *, root: str | Path | None = None) -> ImageDataset:
-    """Pooled train+test records of dataset ``name`` in a fixed order (pool, then partition).
-
-    ``root`` overrides where the files are: the mnist pickle (file or folder), the Fashion-MNIST folder,
-    the CIFAR-10 folder (required). Results are cached per process and their arrays are read-only.
-    """
+def check_dataset_name(name: str) -> str:
+    """The normalised dataset name, or a ValueError listing the valid ones (cheap: nothing is loaded)."""
     if not isinstance(name, str):
         raise TypeError(f"dataset name must be a string, got {type(name).__name__}")
     key = name.strip().lower() if not name.startswith("idx:") else name
@@ -429,6 +425,16 @@ def load_dataset(name: str, *, root: str | Path | None = None) -> ImageDataset:
         )
     if key.startswith("idx:"):
         _parse_idx_name(key)
+    return key
+
+
+def load_dataset(name: str, *, root: str | Path | None = None) -> ImageDataset:
+    """Pooled train+test records of dataset ``name`` in a fixed order (pool, then partition).
+
+    ``root`` overrides where the files are: the mnist pickle (file or folder), the Fashion-MNIST folder,
+    the CIFAR-10 folder (required). Results are cached per process and their arrays are read-only.
+    """
+    key = check_dataset_name(name)
     if root is not None and (key in _ROOTLESS or key.startswith("idx:")):
         raise ValueError(f"dataset {key!r} takes no root (its files come from its package or its name)")
     resolved = Path(root).expanduser().resolve() if root is not None else None

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,35 @@ def save_checkpoint(path: Path, state: LoopState, schedule: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not belong to this run."""
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C during a run; ``checkpoint_round`` is where ``--resume`` continues from (0: from the start)."""
+
+    def __init__(self, round: int, checkpoint_round: int) -> None:
+        super().__init__(f"interrupted during round {round}")
+        self.round, self.checkpoint_round = round, checkpoint_round
+        self.run_dir: Path | None = None  # set by the runner when there is a checkpoint to resume from
+
+
 def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:
-    blob = torch.load(Path(path), weights_only=False)  # tensors return to the device they were saved from
+    """Read and check a checkpoint; a truncated, empty or foreign file is a :class:`CheckpointError`."""
+    path = Path(path)
+    try:
+        blob = torch.load(path, weights_only=False)  # tensors return to the device they were saved from
+    except Exception as err:  # noqa: BLE001 - any failure to unpickle means the same thing to the user
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err)[:80]}); it is damaged or not a "
+            "fedtailor checkpoint. Delete it to restart the run from round 0 (the run directory is otherwise "
+            "kept), or start the run in a new directory with --out."
+        ) from None
+    if not isinstance(blob, dict) or not isinstance(blob.get("state"), LoopState):
+        raise CheckpointError(f"checkpoint {path} does not hold a fedtailor loop state; delete it to restart the "
+                              "run from round 0, or start the run in a new directory with --out.")
     if blob.get("format") != 1 or blob.get("schedule") != _schedule_digest(schedule):
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {path} was written for a different schedule or format; "
             "resume with the same config and seed, or start a fresh run directory."
         )
@@ -144,12 +169,16 @@ def run_federated(
     bar = tqdm(total=last, initial=state.round, disable=not progress, desc=method.name, unit="round", leave=False)
     shown: dict[str, str] = {}  # the latest accuracies and loss, kept on the bar between evaluations
     final: dict[int, Metrics] | None = None  # an evaluation made at the last round is not repeated
+    saved_round = state.round if ckpt is not None and ckpt.exists() else 0
+    rnd = state.round
     try:
         for rnd in range(state.round + 1, last + 1):
             record = _fit_round(method, state, clients, rnd, schedule[rnd - 1])
+            _check_finite(record, rnd, "training")
             if eval_every and (rnd % eval_every == 0 or rnd == rounds):
                 evaluation = evaluate_clients(method, state, clients)
                 record.update(summarize(evaluation, clients))
+                _check_finite(record, rnd, "evaluation")
                 final = evaluation if rnd == last else None
             state.round = rnd
             state.history.append(record)
@@ -160,9 +189,20 @@ def run_federated(
             bar.update(1)
             if ckpt is not None and (rnd % checkpoint_every == 0 or rnd == last):
                 save_checkpoint(ckpt, state, schedule)
+                saved_round = rnd
+    except KeyboardInterrupt:
+        raise RunInterrupted(rnd, saved_round) from None
     finally:
         bar.close()
-    return RunResult(state=state, evaluation=final if final is not None else evaluate_clients(method, state, clients))
+    evaluation = final if final is not None else evaluate_clients(method, state, clients)
+    _check_finite(summarize(evaluation, clients), state.round, "evaluation")
+    return RunResult(state=state, evaluation=evaluation)
+
+
+def _check_finite(record: Mapping[str, Any], rnd: int, phase: str) -> None:
+    bad = sorted(k for k, v in record.items() if isinstance(v, float) and not np.isfinite(v))
+    if bad:
+        raise TrainingDiverged(f"round {rnd}: {phase} gave non-finite {', '.join(bad)}")
 
 
 def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:

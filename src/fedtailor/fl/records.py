@@ -17,6 +17,17 @@ Scalar = int | float | str | bool | bytes
 Metrics = dict[str, float]
 
 
+class TrainingDiverged(ValueError):
+    """Training produced a non-finite loss or metric: the run stops instead of reporting garbage."""
+
+    HINT = ("the run diverged and is stopped (no results are written). Usual causes: a learning rate too large "
+            "for the model (method.lr), or in a private run noise far above the signal (a very small "
+            "method.privacy.epsilon, hence a huge sigma).")
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: {self.HINT}")
+
+
 class InvalidMessage(ValueError):
     """A reply that the server rejects (wrong shape, dtype, non-finite values, missing fields, bad bytes)."""
 

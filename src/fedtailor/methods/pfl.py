@@ -24,6 +24,7 @@ training is plain minibatch SGD (:func:`fedtailor.fl.training.functional_sgd`) i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -34,7 +35,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
 from fedtailor.rng import torch_generator
 
@@ -200,6 +201,7 @@ class LocalTraining(Method[SharedState, PersonalState]):
     def client_fit(self, msg: Message, state: PersonalState | None, data: ClientData) -> tuple[Message, PersonalState]:
         theta, extra, received = self.start_model(msg, state)
         theta, extra, loss = self.local_program(theta, extra, received, data, int(msg.config["round"]))
+        _check_loss(loss, data.cid, int(msg.config["round"]))
         reply = Message(arrays={n: theta[n].detach() for n in received},
                         config={"num_examples": len(data.train[1]), "loss": float(loss)})
         return reply, PersonalState(params={n: t.detach() for n, t in theta.items()}, extra=extra)
@@ -221,6 +223,7 @@ class LocalTraining(Method[SharedState, PersonalState]):
         theta, extra, losses = self.local_program(theta, extra, received, batch, int(msgs[cids[0]].config["round"]))
         out = {}
         for j, c in enumerate(cids):
+            _check_loss(losses[j], c, int(msgs[c].config["round"]))
             reply = Message(arrays={n: theta[n][j].detach() for n in received},
                             config={"num_examples": len(data[c].train[1]), "loss": float(losses[j])})
             out[c] = (reply, PersonalState(params={n: t[j].detach() for n, t in theta.items()},
@@ -237,6 +240,12 @@ class LocalTraining(Method[SharedState, PersonalState]):
     def eval_logits(self, params: Params, extra: Params, x: torch.Tensor) -> torch.Tensor:
         """Logits a client predicts with (FedRoD adds its personal head)."""
         return self.logits(params, x)
+
+
+def _check_loss(loss: float, cid: int, rnd: int) -> None:
+    """A client whose local training went non-finite stops the run (in simulation) instead of sending NaN."""
+    if not math.isfinite(float(loss)):
+        raise TrainingDiverged(f"round {rnd}: client {cid}'s local training loss is {float(loss)}")
 
 
 def prox_term(theta: Params, anchor: Params, mu: float) -> torch.Tensor:

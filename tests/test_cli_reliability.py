@@ -1,0 +1,194 @@
+"""Ordinary mistakes and accidents through the CLI: one line naming the problem and the fix, the right exit
+code, and the run directory left in a state a fixed command can use (never stuck, never truncated)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedtailor.cli import main
+from conftest import TINY_TOML
+
+COMPACT_SMALL = ['method.name="compact"', 'data.dataset="mnist-5k"', "data.num_clients=10", "data.num_unseen=2",
+                 "data.context_size=60", "federation.rounds=3", "method.coef_dim=512", "method.hidden_dim=8",
+                 "method.privacy.batch_size=60", 'method.privacy.randomness="simulation"']
+
+
+def _fails(capsys, argv: list[str], *, code: int = 2) -> str:
+    """Run the CLI, expect ``code`` and exactly one line on stderr without a traceback; return that line."""
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_failed_start_leaves_no_directory_and_the_fixed_command_runs(tmp_path, capsys, tiny):
+    out = tmp_path / "run"
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--set", 'data.dataset="mnits"'])
+    assert "unknown dataset 'mnits'" in err and not out.exists()
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--set", "data.num_clients=900"])
+    assert "client" in err and not out.exists()
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots"]) == 0
+
+
+def test_a_method_failing_in_its_first_round_removes_what_the_call_created(tmp_path, capsys):
+    """An m_g larger than a client's training records only shows when the client trains (round 1)."""
+    out = tmp_path / "run"
+    err = _fails(capsys, ["run", "--out", str(out), "--no-progress", *[f"--set={s}" for s in COMPACT_SMALL],
+                          "--set", "method.privacy.batch_size=5000"])
+    assert "m_g=5000" in err and not out.exists()
+
+
+def test_resume_names_the_changed_keys_and_refuses_a_directory_without_config(tmp_path, capsys, tiny):
+    out = tmp_path / "run"
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--resume", "--set", "method.lr=0.2",
+                          "--set", "seed=7"])
+    assert "method.lr (was 0.1, now 0.2)" in err and "seed (was 41, now 7)" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    err = _fails(capsys, ["run", *tiny, "--out", str(other), "--resume"])
+    assert "no config.json" in err and (other / "notes.txt").read_text() == "mine"
+    err = _fails(capsys, ["run", *tiny, "--out", str(tmp_path / "never"), "--resume"])
+    assert "drop --resume" in err
+
+
+def test_divergence_is_an_error_not_a_result(tmp_path, capsys, tiny):
+    out = tmp_path / "run"
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", "--set", "method.lr=1e12"])
+    assert "diverged" in err and "round 1" in err and "method.lr" in err
+    assert not (out / "results.json").exists()
+
+
+def test_a_private_run_with_a_huge_sigma_is_stopped_and_files_stay_valid_json(tmp_path, capsys):
+    out = tmp_path / "run"
+    err = _fails(capsys, ["run", "--out", str(out), "--no-progress", *[f"--set={s}" for s in COMPACT_SMALL],
+                          "--set", "method.privacy.epsilon=0.0001", "--set", "federation.eval_every=1",
+                          "--set", "federation.checkpoint_every=1"])
+    assert "diverged" in err and "epsilon" in err
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        json.loads(line)  # strict JSON (no bare NaN)
+    assert not (out / "results.json").exists()
+
+
+@pytest.mark.parametrize("damage", [b"", b"garbage" * 10, "truncate"])
+def test_a_damaged_checkpoint_is_named_and_the_history_is_kept(tmp_path, capsys, tiny, damage):
+    out = tmp_path / "run"
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "2"]) == 0
+    ckpt, metrics = out / "checkpoint.pt", out / "metrics.jsonl"
+    before = metrics.read_text()
+    ckpt.write_bytes(ckpt.read_bytes()[:100] if damage == "truncate" else damage)
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", "--resume"])
+    assert "checkpoint.pt" in err and "unreadable" in err and "Delete it" in err
+    assert metrics.read_text() == before  # nothing was truncated before the checkpoint was read
+    ckpt.unlink()  # the documented way out: restart from round 0 in the same directory
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--resume"]) == 0
+
+
+def test_ctrl_c_says_where_to_resume_and_the_resumed_run_matches(tmp_path, capsys, tiny, monkeypatch):
+    import fedtailor.fl.loop as loop
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main(["run", *tiny, "--out", str(full), "--no-progress", "--no-plots"]) == 0
+    real = loop._fit_round
+
+    def interrupt_at_3(method, state, clients, rnd, selected):
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return real(method, state, clients, rnd, selected)
+
+    monkeypatch.setattr(loop, "_fit_round", interrupt_at_3)
+    err = _fails(capsys, ["run", *tiny, "--out", str(part), "--no-progress"], code=130)
+    assert "round 3" in err and "checkpoint is at round 2" in err and f"--resume --out {part}" in err
+    monkeypatch.setattr(loop, "_fit_round", real)
+    assert main(["run", *tiny, "--out", str(part), "--no-progress", "--no-plots", "--resume"]) == 0
+    a, b = (json.loads((d / "results.json").read_text()) for d in (full, part))
+    assert a["per_client"] == b["per_client"]
+
+
+def test_ordinary_mistakes_are_one_line(tmp_path, capsys, tiny):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    (tmp_path / "bad.json").write_text("{nope")
+    (tmp_path / "afile").write_text("x")
+    np.save(tmp_path / "empty.npy", np.array([]))
+    np.save(tmp_path / "scalar.npy", np.array(3.0))
+    np.save(tmp_path / "text.npy", np.array(["a", "b"]))
+    codec = ["codec", "roundtrip", "--codec", "lrsuq", "--sigma", "0.1", "--seed", "1", "--out", str(tmp_path / "o.npz")]
+    cases = {
+        "is a directory": ["run", str(tmp_path / "adir")],
+        "not valid YAML (line 2": ["run", str(tmp_path / "bad.yaml")],
+        "not valid JSON": ["run", str(tmp_path / "bad.json")],
+        "is a file, not a directory": ["run", *tiny, "--out", str(tmp_path / "afile")],
+        "cannot create the run directory": ["run", *tiny, "--out", str(tmp_path / "afile" / "run")],
+        "unknown device 'tpu'": ["run", *tiny, "--set", 'device="tpu"', "--out", str(tmp_path / "d")],
+        "shape (0,)": [*codec, "--input", str(tmp_path / "empty.npy")],
+        "shape ()": [*codec, "--input", str(tmp_path / "scalar.npy")],
+        "expected real numbers": [*codec, "--input", str(tmp_path / "text.npy")],
+        "no values": ["sweep", *tiny, "--grid", "method.lr=", "--out", str(tmp_path / "sw"), "--seeds", "1"],
+    }
+    for expected, argv in cases.items():
+        assert expected in _fails(capsys, argv), expected
+    assert not (tmp_path / "d").exists()
+    with pytest.raises(SystemExit) as exc:  # argparse's own check of a numeric option
+        main(["codec", "bench", "--releases", "0"])
+    assert exc.value.code == 2 and "--releases: must be >= 1" in capsys.readouterr().err
+
+
+def test_report_on_a_run_without_evaluated_clients(tmp_path, capsys, tiny):
+    out = tmp_path / "run"
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    results["per_client"], results["summary"] = [], {}
+    (out / "results.json").write_text(json.dumps(results))
+    capsys.readouterr()
+    assert main(["report", str(out), "--no-plots"]) == 0
+    assert "no client was evaluated" in capsys.readouterr().out
+    (out / "results.json").write_text("{truncated")
+    assert "not valid JSON" in _fails(capsys, ["report", str(out)])
+
+
+def test_a_sweep_validates_every_point_before_running_any(tmp_path, capsys, tiny):
+    out = tmp_path / "sw"
+    err = _fails(capsys, ["sweep", *tiny, "--grid", "method.lr=0.1,-1", "--out", str(out), "--seeds", "1,2"])
+    assert "lr=-1" in err and "method.lr" in err
+    assert not any(out.rglob("results.json"))
+    err = _fails(capsys, ["sweep", *tiny, "--grid", "data.dataset=digits,nope", "--out", str(out), "--seeds", "1"])
+    assert "unknown dataset 'nope'" in err and not any(out.rglob("config.json"))
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("prop")
+    cfg = base / "tiny.toml"
+    cfg.write_text(TINY_TOML)
+    out = base / "run"
+    assert main(["run", str(cfg), "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
+    return cfg, out
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob=st.binary(max_size=300))
+def test_random_bytes_never_produce_a_traceback(blob, stopped_run, tmp_path_factory, capsys):
+    """Random bytes as a checkpoint, a config file (TOML, YAML, JSON) or a codec input: exit code 2, one line."""
+    cfg, src = stopped_run
+    work = tmp_path_factory.mktemp("case")
+    run = work / "run"
+    shutil.copytree(src, run)
+    (run / "checkpoint.pt").write_bytes(blob)
+    _fails(capsys, ["run", str(cfg), "--out", str(run), "--no-progress", "--resume"])
+    for suffix in (".toml", ".yaml", ".json"):
+        path = work / f"c{suffix}"
+        path.write_bytes(blob)
+        # a blob that happens to be a valid config still fails fast on the unknown dataset: nothing is trained
+        _fails(capsys, ["run", str(path), "--set", 'data.dataset="nope"', "--out", str(work / "x")])
+    (work / "u.npy").write_bytes(blob)
+    _fails(capsys, ["codec", "roundtrip", "--sigma", "0.1", "--seed", "1", "--input", str(work / "u.npy"),
+                    "--out", str(work / "o.npz")])
