@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except RunInterrupted as err:
-        if err.run_dir is not None:
+        if args.command == "sweep":
+            where = (f"the last checkpoint of that run is at round {err.checkpoint_round}; run the same sweep command "
+                     "again to continue (finished runs are skipped, unfinished ones resumed)")
+        elif err.run_dir is not None:
             where = (f"the last checkpoint is at round {err.checkpoint_round}; continue with the same command plus "
                      f"--resume --out {err.run_dir}")
         else:
