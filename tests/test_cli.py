@@ -102,6 +102,10 @@ def test_every_shipped_config_loads():
     assert len(paths) >= 13
     for path in paths:
         cfg = load_config(path)
+        if cfg.method.name == "pfeddpo":  # the paper's hh-rlhf setting
+            assert cfg.data.dataset == "hh-rlhf" and cfg.federation.rounds == 80 and cfg.method.beta == 0.2, path
+            assert (cfg.data.num_clients, cfg.data.pairs_per_client, cfg.method.local_steps) == (5, 120, 3), path
+            continue
         assert cfg.data.dataset in ("mnist", "fashion-mnist"), path
         if cfg.method.name == "compact":
             assert cfg.method.privacy.randomness == "simulation", path
@@ -109,3 +113,17 @@ def test_every_shipped_config_loads():
         else:  # the FedLAG paper's setup
             assert cfg.method.fedlag is not None and cfg.data.num_clients == 20 and cfg.federation.rounds == 100, path
             assert cfg.method.batch_size == 16 and cfg.method.lr == 0.005 and cfg.data.eval_fraction == 0.25, path
+
+
+def test_the_core_never_imports_the_language_model_stack():
+    """Checking a config (even a pFedDPO one) and building an image run import neither transformers nor peft."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fedtailor.cli import build_parser; from fedtailor.config import load_config; "
+            "from fedtailor.experiment import build_method, build_setup; build_parser(); "
+            "load_config('configs/pfeddpo/hh-rlhf.toml'); "
+            "cfg = load_config(None, ['data.dataset=\"digits\"', 'method.name=\"fedavg\"', 'method.model=\"mlp\"', "
+            "'data.context_size=20', 'data.num_clients=6', 'data.num_unseen=1']); build_method(build_setup(cfg)); "
+            "bad = [m for m in ('transformers', 'peft', 'gguf') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -41,6 +41,12 @@ class DataConfig(_Section):
     min_records: int = Field(0, ge=0, description="every client gets at least this many records "
                              "(dirichlet-per-class only)")
     limit: int | None = Field(None, ge=100, description="use only the first N pooled records (quick runs)")
+    pairs_per_client: int = Field(120, ge=1, description="preference data: training pairs per client")
+    heldout_pairs: int = Field(30, ge=0, description="preference data: held-out pairs per client")
+    preference_split: Literal["random", "length"] = Field(
+        "random", description="preference data: a random split, or one by chosen-minus-rejected length so that "
+        "the clients' preferences differ (docs/pfeddpo.md)")
+    max_length: int = Field(64, ge=8, description="preference data: tokens per sequence (prompt + response)")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
@@ -221,11 +227,31 @@ class CompactConfig(_Section):
         return self
 
 
+class DPOConfig(_Section):
+    """pFedDPO and its two baselines (docs/pfeddpo.md); defaults from the paper's hyperparameter table."""
+
+    name: Literal["pfeddpo", "feddpo", "dpo-central"] = "pfeddpo"
+    model: str = Field("smollm2", description="'smollm2' (the package on hand), a hub name or a local folder")
+    beta: float = Field(0.2, gt=0)
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    local_steps: int = Field(3, ge=1, description="E, local AdamW steps per round")
+    batch_size: int = Field(4, ge=1, description="pairs per step")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip over base and adapter together")
+    lora_rank: int = Field(8, ge=1)
+    lora_alpha: int = Field(16, ge=1)
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast (faster on recent CPUs/GPUs)")
+    diagnostics_every: int = Field(0, ge=0, description="kappa^2 diagnostics every K rounds (0: off; opt-in, "
+                                   "clients then send base gradients)")
+    diagnostic_pairs: int = Field(8, ge=1, description="pairs per client for the diagnostic gradients")
+
+
 MethodConfig = Annotated[
     CompactConfig | FedAvgConfig | FedProxConfig | FedPerConfig | FedRepConfig | FedBABUConfig | DittoConfig
-    | FedRoDConfig, Field(discriminator="name")]
+    | FedRoDConfig | DPOConfig, Field(discriminator="name")]
 DEFAULT_METHOD = "compact"
-METHOD_NAMES = ("compact", "fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
+METHOD_NAMES = ("compact", "fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod", "pfeddpo", "feddpo",
+                "dpo-central")
+DPO_METHODS = ("pfeddpo", "feddpo", "dpo-central")
 
 
 class RunConfig(_Section):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedtailor.config import RunConfig
-from fedtailor.data.datasets import ImageDataset, load_dataset
+from fedtailor.config import DPO_METHODS, RunConfig
+from fedtailor.data.datasets import ImageDataset, check_dataset_name, load_dataset
 from fedtailor.data.partition import FederatedPartition, federated_partition, holdout_validation
 from fedtailor.device import select_device
 from fedtailor.fl.method import Method
@@ -87,6 +87,10 @@ def client_data(dataset: ImageDataset, partition: FederatedPartition, device: to
 
 
 def build_setup(cfg: RunConfig) -> Setup:
+    if cfg.method.name in DPO_METHODS:  # preference data and a language model (imported only here)
+        from fedtailor.lm.setup import build_preference_setup
+
+        return build_preference_setup(cfg)  # type: ignore[return-value]
     device = select_device(cfg.device)
     d = cfg.data
     dataset = load_dataset(d.dataset, root=d.root)
@@ -112,3 +116,22 @@ def build_setup(cfg: RunConfig) -> Setup:
 
 def build_method(setup: Setup) -> Method:
     return METHOD_BUILDERS[setup.cfg.method.name](setup)
+
+
+def _dpo(setup: Setup) -> Method:
+    from fedtailor.lm.setup import build_dpo_method
+
+    return build_dpo_method(setup)  # type: ignore[arg-type]
+
+
+METHOD_BUILDERS.update(dict.fromkeys(DPO_METHODS, _dpo))
+
+
+def check_data_name(cfg: RunConfig) -> None:
+    """The config's data name is one this project can load (cheap: nothing is read)."""
+    if cfg.method.name in DPO_METHODS:
+        from fedtailor.lm.setup import check_preference_name
+
+        check_preference_name(cfg.data.dataset)
+    else:
+        check_dataset_name(cfg.data.dataset)

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from fedtailor.config import load_config, parse_override
-from fedtailor.data.datasets import check_dataset_name
+from fedtailor.experiment import check_data_name
 from fedtailor.report import aggregate_seeds, format_table
 from fedtailor.runner import run_experiment
 
@@ -76,7 +76,7 @@ def run_sweep(
                 configs[point, seed] = load_config(config, sets)
             except ValueError as err:
                 raise ValueError(f"sweep point {_slug(point)}, seed {seed}: {err}") from None
-            check_dataset_name(configs[point, seed].data.dataset)
+            check_data_name(configs[point, seed])
     rows = []
     for point in points:
         run_dirs = []

@@ -225,6 +225,8 @@ def _fit_round(
     method: Method, state: LoopState, clients: Mapping[int, ClientData], rnd: int, selected: np.ndarray
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
+    if method.streaming:
+        return _fit_round_streaming(method, state, clients, rnd, selected, t0)
     replies: dict[int, Message] = {}
     uplink = 0
     order = [int(c) for c in selected]
@@ -240,6 +242,28 @@ def _fit_round(
                               "rejected": len(selected) - len(replies), "uplink_bytes": uplink}
     if replies:
         state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
+        record.update(metrics)
+    record["seconds"] = time.perf_counter() - t0
+    return record
+
+
+def _fit_round_streaming(method: Method, state: LoopState, clients: Mapping[int, ClientData], rnd: int,
+                         selected: np.ndarray, t0: float) -> dict[str, Any]:
+    """A round of a streaming method: each client's reply is validated and folded in before the next runs."""
+    acc, accepted, uplink = None, 0, 0
+    for cid in (int(c) for c in selected):
+        msg = method.configure_fit(state.server, rnd, cid)
+        prev = state.clients[cid] if cid in state.clients else method.init_client(cid)
+        reply, state.clients[cid] = method.client_fit(msg, prev, clients[cid])
+        if _accept(method, state.server, "fit", rnd, cid, reply):
+            acc = method.fold_fit(state.server, rnd, acc, cid, reply)
+            accepted += 1
+            uplink += reply.nbytes()
+        del reply, msg
+    record: dict[str, Any] = {"round": rnd, "clients": [int(c) for c in selected],
+                              "rejected": len(selected) - accepted, "uplink_bytes": uplink}
+    if accepted:
+        state.server, metrics = method.finish_fit(state.server, rnd, acc)
         record.update(metrics)
     record["seconds"] = time.perf_counter() - t0
     return record

@@ -54,6 +54,19 @@ class Method(ABC, Generic[S, C]):
     def aggregate_fit(self, server: S, rnd: int, replies: dict[int, Message]) -> tuple[S, Metrics]:
         """The new server state and the round's server-side metrics."""
 
+    #: True for a method that folds each validated fit reply into a running aggregate as it arrives
+    #: (:meth:`fold_fit`, then :meth:`finish_fit`), so that a round never holds every client's reply at once
+    #: (full language-model weights: memory stays near one client's); clients then run one after another.
+    streaming: bool = False
+
+    def fold_fit(self, server: S, rnd: int, acc: Any, cid: int, reply: Message) -> Any:
+        """Fold one accepted reply into the round's accumulator ``acc`` (None before the first)."""
+        raise NotImplementedError(f"{type(self).__name__} sets streaming but does not implement fold_fit.")
+
+    def finish_fit(self, server: S, rnd: int, acc: Any) -> tuple[S, Metrics]:
+        """The new server state from the accumulator of the round's accepted replies."""
+        raise NotImplementedError(f"{type(self).__name__} sets streaming but does not implement finish_fit.")
+
     @abstractmethod
     def configure_evaluate(self, server: S, cid: int) -> Message:
         """The evaluation message for client ``cid``."""

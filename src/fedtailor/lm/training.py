@@ -1,0 +1,71 @@
+"""DPO on a batch of tokenized pairs (:func:`fedtailor.lm.preference.tokenize_pairs`): sequence log-probabilities
+of both sides in one forward pass, cached reference log-probabilities, and reward accuracy."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from fedtailor.lm.dpo import DPOOutput, dpo_loss, response_logprobs
+
+Tokens = dict[str, torch.Tensor]
+
+
+def precision_context(model: Any, precision: str) -> contextlib.AbstractContextManager:
+    """``"bf16"``: autocast to bfloat16 on the model's device (CPU or CUDA); ``"fp32"``: nothing."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}.")
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+
+def pair_logprobs(model: Any, tokens: Tokens, idx: torch.Tensor, *, precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi(y+|x), log pi(y-|x)) of the pairs ``idx``: one forward pass over the 2B sequences."""
+    device = next(model.parameters()).device
+    ids = torch.cat([tokens["chosen_ids"][idx], tokens["rejected_ids"][idx]]).to(device)
+    att = torch.cat([tokens["chosen_attention"][idx], tokens["rejected_attention"][idx]]).to(device)
+    resp = torch.cat([tokens["chosen_response"][idx], tokens["rejected_response"][idx]]).to(device)
+    with precision_context(model, precision):
+        logits = model(input_ids=ids, attention_mask=att).logits
+    lp = response_logprobs(logits, ids, resp)
+    return lp[: len(idx)], lp[len(idx) :]
+
+
+def _chunks(n: int, size: int) -> Iterator[torch.Tensor]:
+    for start in range(0, n, size):
+        yield torch.arange(start, min(n, start + size))
+
+
+@torch.no_grad()
+def reference_logprobs(model: Any, tokens: Tokens, *, batch_size: int = 16, precision: str = "fp32") -> torch.Tensor:
+    """(n, 2) log-probabilities of every pair under ``model`` (the frozen reference), computed once."""
+    n = len(tokens["chosen_ids"])
+    out = [torch.stack(pair_logprobs(model, tokens, idx, precision=precision), 1).float().cpu()
+           for idx in _chunks(n, batch_size)]
+    return torch.cat(out)
+
+
+def dpo_on(model: Any, tokens: Tokens, ref: torch.Tensor, idx: torch.Tensor, *, beta: float,
+           precision: str = "fp32") -> DPOOutput:
+    """The DPO loss of pairs ``idx`` under ``model`` against their cached reference log-probabilities."""
+    pc, pr = pair_logprobs(model, tokens, idx, precision=precision)
+    r = ref[idx].to(pc.device)
+    return dpo_loss(pc.float(), pr.float(), r[:, 0], r[:, 1], beta=beta)
+
+
+@torch.no_grad()
+def evaluate_pairs(model: Any, tokens: Tokens, ref: torch.Tensor, *, beta: float, batch_size: int = 16,
+                   precision: str = "fp32") -> tuple[float, float]:
+    """(reward accuracy, mean DPO loss) over all pairs."""
+    n = len(tokens["chosen_ids"])
+    correct, loss = 0.0, 0.0
+    for idx in _chunks(n, batch_size):
+        out = dpo_on(model, tokens, ref, idx, beta=beta, precision=precision)
+        correct += float((out.chosen_rewards > out.rejected_rewards).sum())
+        loss += float(out.loss) * len(idx)
+    return correct / n, loss / n

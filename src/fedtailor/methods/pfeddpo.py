@@ -1,0 +1,397 @@
+"""pFedDPO, vanilla FedDPO and centralized DPO on the shared loop.
+
+pFedDPO (*Personalized Federated Direct Preference Optimization*, the method of this project's second paper):
+every client holds a private LoRA adapter ``phi_i`` on top of a shared base ``theta`` that FedAvg aggregates.
+
+Round ``r``, client ``i`` (DPO objective of :mod:`fedtailor.lm.dpo`, reference = the initial model, its
+log-probabilities computed once per pair in the setup phase and cached on the client):
+
+1. the server broadcasts ``theta^r``; the client restores ``phi_i`` and its AdamW moments;
+2. ``E`` local AdamW steps (lr 1e-4, batch 4, gradient-norm clip 1.0 over base and adapter together) on
+   ``theta`` and ``phi_i`` jointly;
+3. it uploads its base ``theta_i^{r+1}`` only; ``phi_i`` and its optimizer state never leave it (the server
+   refuses any reply that carries other tensors); the server averages the bases (weights: pairs held).
+
+Vanilla FedDPO (*personal = False*) is the same without adapters: the whole model is averaged. Centralized DPO
+trains one model on the pooled pairs of the round's clients, ``E`` steps of batch 4 per round, as in the paper's
+comparison (it gets a fifth of FedDPO's gradient work per round). One model lives in memory; each client's
+adapter is a few hundred thousand numbers, and replies are folded into a running mean as they arrive
+(``streaming``), so memory does not grow with the number of clients.
+
+Optional diagnostics (``diagnostics_every = K``): every K rounds, each client also reports its base gradient at
+the received base on a fixed set of its pairs, with adapters disabled and enabled, and its adapter-gradient
+norm; the server forms ``kappa^2 = (1/N) sum_i ||g_bar - g_i||^2`` (with the adapted/non-adapted block split)
+from running sums. These gradients are outside anything the method promises about what leaves a client, so the
+run's summary says they were sent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedtailor.fl.method import Method
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
+from fedtailor.lm.training import dpo_on, evaluate_pairs, reference_logprobs
+from fedtailor.rng import torch_generator
+
+Params = dict[str, torch.Tensor]
+DIAG = "diag/"
+
+
+@dataclass
+class DPOServer:
+    base: Params  # the shared base theta (every parameter that is not an adapter)
+    round: int = 0
+    pool: dict[str, torch.Tensor] | None = None  # centralized DPO only: the pooled pairs
+
+
+@dataclass
+class DPOClient:
+    """What a client keeps: its adapter, the adapter's AdamW moments, and the cached reference log-probs."""
+
+    adapter: Params = field(default_factory=dict)
+    moments: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    ref_train: torch.Tensor | None = None  # (n_train, 2)
+    ref_eval: torch.Tensor | None = None
+
+
+@dataclass
+class _Fold:
+    total: Params
+    weight: float = 0.0
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    diag: dict[str, Any] = field(default_factory=dict)
+
+
+class PFedDPO(Method[DPOServer, DPOClient]):
+    name = "pfeddpo"
+    streaming = True
+
+    def __init__(
+        self,
+        *,
+        model: Any,
+        personal: bool,
+        beta: float,
+        lr: float,
+        local_steps: int,
+        batch_size: int,
+        grad_clip: float,
+        seed: int,
+        rounds: int,
+        precision: str = "fp32",
+        lora_rank: int = 8,
+        lora_alpha: int = 16,
+        diagnostics_every: int = 0,
+        diagnostic_pairs: int = 8,
+    ) -> None:
+        from fedtailor.lm.model import add_lora
+
+        self.personal = personal
+        self.name = "pfeddpo" if personal else "feddpo"
+        self.model = add_lora(model, rank=lora_rank, alpha=lora_alpha) if personal else model
+        self.params = dict(self.model.named_parameters())
+        self.adapter_names = tuple(n for n in self.params if "lora_" in n)
+        self.base_names = tuple(n for n in self.params if "lora_" not in n)
+        self.adapted = frozenset(n for n in self.base_names if _adapted(n))  # base weights under an adapter
+        self.adapter0 = {n: self.params[n].detach().clone() for n in self.adapter_names}  # PEFT init, public seed
+        self.beta, self.lr, self.local_steps, self.batch_size = beta, lr, local_steps, batch_size
+        self.grad_clip, self.seed, self.rounds, self.precision = grad_clip, seed, rounds, precision
+        self.diagnostics_every, self.diagnostic_pairs = diagnostics_every, diagnostic_pairs
+        self.device = next(self.model.parameters()).device
+
+    # ----- helpers ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _load(self, base: Params, adapter: Params | None) -> None:
+        for n, t in base.items():
+            self.params[n].copy_(t)
+        for n in self.adapter_names:
+            self.params[n].copy_((adapter or self.adapter0)[n])
+
+    def _adapters_off(self):
+        import contextlib
+
+        return self.model.disable_adapter() if self.personal else contextlib.nullcontext()
+
+    def _names(self, reply: Message) -> set[str]:
+        return {n for n in reply.arrays if not n.startswith(DIAG)}
+
+    def _diagnose(self, rnd: int) -> bool:
+        return bool(self.diagnostics_every) and (rnd % self.diagnostics_every == 0 or rnd == 1)
+
+    # ----- setup: the reference log-probabilities, once per pair --------------------------------------
+    def init_server(self) -> DPOServer:
+        return DPOServer(base={n: self.params[n].detach().clone() for n in self.base_names})
+
+    def configure_setup(self, server: DPOServer, cid: int) -> Message:
+        return Message(arrays=dict(server.base), config={"phase": "reference"})
+
+    def client_setup(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
+        self._load(msg.arrays, None)  # the initial model: theta_0, adapter at its init (B = 0: no change)
+        self.model.eval()
+        with self._adapters_off():
+            ref_train = reference_logprobs(self.model, data.train, precision=self.precision)
+            ref_eval = reference_logprobs(self.model, data.eval, precision=self.precision) if data.eval else None
+        return Message(config={"pairs": len(ref_train)}), DPOClient(ref_train=ref_train, ref_eval=ref_eval)
+
+    def validate_reply(self, server: DPOServer, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        if phase == "setup":
+            if reply.arrays:
+                raise InvalidMessage("a setup reply carries no tensors.")
+            reply.value("pairs", int)
+            return
+        names = self._names(reply)
+        if names != set(self.base_names):
+            extra = sorted(names - set(self.base_names))
+            raise InvalidMessage(f"a reply must carry exactly the base parameters; unexpected {extra[:3]}, "
+                                 f"missing {len(set(self.base_names) - names)}.")
+        for n in self.base_names:
+            reply.array(n, shape=tuple(server.base[n].shape))
+        if reply.value("num_examples", int) <= 0:
+            raise InvalidMessage("num_examples must be positive.")
+        reply.value("loss", float)
+        reply.value("base_grad_norm", float)
+
+    # ----- a round --------------------------------------------------------------------------------------
+    def configure_fit(self, server: DPOServer, rnd: int, cid: int) -> Message:
+        return Message(arrays=dict(server.base), config={"round": rnd, "diagnose": self._diagnose(rnd)})
+
+    def init_client(self, cid: int) -> DPOClient | None:
+        return None
+
+    def batch_order(self, rnd: int, cid: int, n: int) -> torch.Tensor:
+        """The E batches of round ``rnd``: E * B distinct pairs (with replacement across batches only when the
+        client holds fewer), key (seed, "batches", round, client)."""
+        need = self.local_steps * self.batch_size
+        gen = torch_generator(self.seed, "batches", rnd, cid)
+        reps = -(-need // n)
+        return torch.cat([torch.randperm(n, generator=gen) for _ in range(reps)])[:need]
+
+    def client_fit(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
+        if state is None or state.ref_train is None:
+            raise ValueError(f"client {data.cid} has no reference log-probabilities: it must take part in setup.")
+        rnd = int(msg.config["round"])
+        self._load(msg.arrays, state.adapter or None)
+        diag = self._diagnostics(data, state) if msg.config.get("diagnose") else {}
+        self.model.train()
+        opt = self._optimizer(state)
+        order = self.batch_order(rnd, data.cid, len(state.ref_train))
+        losses, norms = [], []
+        for step in range(self.local_steps):
+            idx = order[step * self.batch_size : (step + 1) * self.batch_size]
+            out = dpo_on(self.model, data.train, state.ref_train, idx, beta=self.beta, precision=self.precision)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            norms.append(_norm([self.params[n].grad for n in self.base_names]))
+            torch.nn.utils.clip_grad_norm_([self.params[n] for n in (*self.base_names, *self.adapter_names)],
+                                           self.grad_clip)
+            opt.step()
+            losses.append(float(out.loss.detach()))
+        if not all(math.isfinite(v) for v in losses):
+            raise TrainingDiverged(f"round {rnd}: client {data.cid}'s DPO loss is {losses}")
+        new_state = DPOClient(adapter={n: self.params[n].detach().clone() for n in self.adapter_names},
+                              moments=_moments(opt, self.params, self.adapter_names),
+                              ref_train=state.ref_train, ref_eval=state.ref_eval)
+        arrays = {n: self.params[n].detach().clone() for n in self.base_names}
+        arrays.update({DIAG + k: v for k, v in diag.items()})
+        reply = Message(arrays=arrays, config={"num_examples": len(state.ref_train), "loss": sum(losses) / len(losses),
+                                               "base_grad_norm": sum(norms) / len(norms)})
+        return reply, new_state
+
+    def _optimizer(self, state: DPOClient) -> torch.optim.Optimizer:
+        """AdamW over base and adapter; the adapter's moments resume from the client's state (the base's start
+        afresh each round: a new base arrives)."""
+        params = [self.params[n] for n in (*self.base_names, *self.adapter_names)]
+        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0, foreach=True)
+        for n, m in state.moments.items():
+            opt.state[self.params[n]] = {k: v.clone() for k, v in m.items()}
+        return opt
+
+    def _diagnostics(self, data: ClientData, state: DPOClient) -> dict[str, torch.Tensor]:
+        """Base gradients at the received base on the client's first ``diagnostic_pairs`` pairs, adapters off and
+        on, and the adapter gradient's squared norm (opt-in; see the module docstring)."""
+        idx = torch.arange(min(self.diagnostic_pairs, len(state.ref_train)))
+        out = {}
+        for tag, ctx in (("off", self._adapters_off), ("on", _null)):
+            self.model.zero_grad(set_to_none=True)
+            with ctx():
+                dpo_on(self.model, data.train, state.ref_train, idx, beta=self.beta, precision=self.precision).loss.backward()
+            out[f"grad_{tag}"] = torch.cat([self.params[n].grad.reshape(-1) for n in self.base_names]).detach().clone()
+            if tag == "on" and self.adapter_names:
+                out["adapter_sq"] = torch.tensor([_norm([self.params[n].grad for n in self.adapter_names]) ** 2])
+        self.model.zero_grad(set_to_none=True)
+        return out
+
+    def fold_fit(self, server: DPOServer, rnd: int, acc: _Fold | None, cid: int, reply: Message) -> _Fold:
+        w = float(reply.config["num_examples"])
+        if acc is None:
+            acc = _Fold(total={n: torch.zeros_like(server.base[n]) for n in self.base_names})
+        for n in self.base_names:
+            acc.total[n].add_(reply.arrays[n], alpha=w)
+        acc.weight += w
+        acc.loss += w * float(reply.config["loss"])
+        acc.grad_norm += w * float(reply.config["base_grad_norm"])
+        if DIAG + "grad_off" in reply.arrays:
+            _fold_diag(acc.diag, reply, self._adapted_mask(server))
+        return acc
+
+    def aggregate_fit(self, server: DPOServer, rnd: int, replies: dict[int, Message]) -> tuple[DPOServer, Metrics]:
+        """The same as folding the replies one by one (for drivers that collect a round's replies first)."""
+        acc = None
+        for cid in sorted(replies):
+            acc = self.fold_fit(server, rnd, acc, cid, replies[cid])
+        return self.finish_fit(server, rnd, acc)
+
+    def _adapted_mask(self, server: DPOServer) -> torch.Tensor:
+        return torch.cat([torch.full((server.base[n].numel(),), n in self.adapted) for n in self.base_names])
+
+    def finish_fit(self, server: DPOServer, rnd: int, acc: _Fold) -> tuple[DPOServer, Metrics]:
+        base = {n: t / acc.weight for n, t in acc.total.items()}
+        metrics = {"loss": acc.loss / acc.weight, "base_grad_norm": acc.grad_norm / acc.weight}
+        metrics.update(_kappa(acc.diag))
+        return DPOServer(base=base, round=rnd, pool=server.pool), metrics
+
+    # ----- evaluation -----------------------------------------------------------------------------------
+    def configure_evaluate(self, server: DPOServer, cid: int) -> Message:
+        return Message(arrays=dict(server.base))
+
+    def client_evaluate(self, msg: Message, state: DPOClient | None, data: ClientData) -> Metrics:
+        if state is None or state.ref_train is None:
+            raise ValueError(f"client {data.cid} has no reference log-probabilities: it must take part in setup.")
+        self._load(msg.arrays, state.adapter or None)
+        self.model.eval()
+        train_acc, train_loss = evaluate_pairs(self.model, data.train, state.ref_train, beta=self.beta,
+                                               precision=self.precision)
+        out = {"train_accuracy": train_acc, "train_loss": train_loss, "num_examples": float(len(state.ref_train))}
+        if state.ref_eval is not None:
+            acc, loss = evaluate_pairs(self.model, data.eval, state.ref_eval, beta=self.beta, precision=self.precision)
+            out.update({"accuracy": acc, "loss": loss})
+        return out
+
+    def summary(self, server: DPOServer) -> dict[str, Any]:
+        return {"adapters": "private LoRA, never uploaded" if self.personal else "none",
+                "adapter_parameters_per_client": sum(self.params[n].numel() for n in self.adapter_names),
+                "base_parameters": sum(t.numel() for t in server.base.values()),
+                "diagnostics_sent": bool(self.diagnostics_every)}
+
+
+class CentralizedDPO(PFedDPO):
+    """Centralized DPO: the clients hand their pairs (tokens and cached reference log-probabilities) to the
+    server once, in the setup phase; every round the server takes ``E`` AdamW steps of batch ``B`` on the pool
+    (key (seed, "batches", round, "pool")); every client is evaluated with that one model. No adapters."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(personal=False, **kw)
+        self.name = "dpo-central"
+
+    def client_setup(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
+        reply, state = super().client_setup(msg, state, data)
+        arrays = {f"pool/{k}": v for k, v in data.train.items()}
+        arrays["pool/ref"] = state.ref_train
+        return Message(arrays=arrays, config=reply.config), state
+
+    def validate_reply(self, server: DPOServer, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        if phase == "setup":
+            n = reply.value("pairs", int)
+            if "pool/ref" not in reply.arrays or tuple(reply.arrays["pool/ref"].shape) != (n, 2):
+                raise InvalidMessage("a centralized setup reply carries the client's pairs and their reference "
+                                     "log-probabilities.")
+            return
+        if reply.arrays:
+            raise InvalidMessage("a centralized fit reply carries no tensors.")
+        reply.value("num_examples", int)
+
+    def aggregate_setup(self, server: DPOServer, replies: dict[int, Message]) -> DPOServer:
+        keys = sorted({k for r in replies.values() for k in r.arrays})
+        pool = {k[len("pool/"):]: torch.cat([replies[c].arrays[k] for c in sorted(replies)]) for k in keys}
+        return DPOServer(base=server.base, round=server.round, pool=pool)
+
+    def client_fit(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
+        return Message(config={"num_examples": len(data.train["chosen_ids"])}), state
+
+    def fold_fit(self, server: DPOServer, rnd: int, acc: Any, cid: int, reply: Message) -> Any:
+        return (acc or 0) + 1
+
+    def finish_fit(self, server: DPOServer, rnd: int, acc: Any) -> tuple[DPOServer, Metrics]:
+        pool = dict(server.pool)
+        ref = pool.pop("ref")
+        self._load(server.base, None)
+        self.model.train()
+        opt = torch.optim.AdamW([self.params[n] for n in self.base_names], lr=self.lr, weight_decay=0.0, foreach=True)
+        order = self.batch_order(rnd, -1, len(ref))
+        losses, norms = [], []
+        for step in range(self.local_steps):
+            idx = order[step * self.batch_size : (step + 1) * self.batch_size]
+            out = dpo_on(self.model, pool, ref, idx, beta=self.beta, precision=self.precision)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            norms.append(_norm([self.params[n].grad for n in self.base_names]))
+            torch.nn.utils.clip_grad_norm_([self.params[n] for n in self.base_names], self.grad_clip)
+            opt.step()
+            losses.append(float(out.loss.detach()))
+        if not all(math.isfinite(v) for v in losses):
+            raise TrainingDiverged(f"round {rnd}: centralized DPO loss is {losses}")
+        base = {n: self.params[n].detach().clone() for n in self.base_names}
+        return (DPOServer(base=base, round=rnd, pool=server.pool),
+                {"loss": sum(losses) / len(losses), "base_grad_norm": sum(norms) / len(norms)})
+
+
+# ----- small pure helpers ---------------------------------------------------------------------------------
+def _adapted(name: str) -> bool:
+    """A base weight that sits under a LoRA adapter (PEFT renames it ``...<proj>.base_layer.weight``)."""
+    return ".base_layer." in name
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _norm(grads: list[torch.Tensor | None]) -> float:
+    return math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads if g is not None))
+
+
+def _moments(opt: torch.optim.Optimizer, params: Params, names: tuple[str, ...]) -> dict[str, dict[str, torch.Tensor]]:
+    out = {}
+    for n in names:
+        st = opt.state.get(params[n], {})
+        if st:
+            out[n] = {k: (v.detach().clone() if torch.is_tensor(v) else torch.tensor(v)) for k, v in st.items()}
+    return out
+
+
+def _fold_diag(diag: dict[str, Any], reply: Message, adapted: torch.Tensor) -> None:
+    """Running sums for kappa^2 = (1/N) sum ||g_i||^2 - ||g_bar||^2 (adapters off, on; adapted/other blocks)."""
+    diag["n"] = diag.get("n", 0) + 1
+    for tag in ("off", "on"):
+        g = reply.arrays[DIAG + f"grad_{tag}"].double()
+        diag[f"sum_{tag}"] = diag.get(f"sum_{tag}", torch.zeros_like(g)) + g
+        diag[f"sq_{tag}"] = diag.get(f"sq_{tag}", 0.0) + float(g.pow(2).sum())
+        if tag == "off":
+            diag["sq_off_A"] = diag.get("sq_off_A", 0.0) + float(g[adapted].pow(2).sum())
+            diag["mask"] = adapted
+    if DIAG + "adapter_sq" in reply.arrays:
+        diag["adapter_sq"] = diag.get("adapter_sq", 0.0) + float(reply.arrays[DIAG + "adapter_sq"].sum())
+
+
+def _kappa(diag: dict[str, Any]) -> Metrics:
+    if not diag:
+        return {}
+    n = diag["n"]
+    out = {}
+    for tag, key in (("off", "kappa2"), ("on", "kappa2_eff")):
+        mean = diag[f"sum_{tag}"] / n
+        out[key] = diag[f"sq_{tag}"] / n - float(mean.pow(2).sum())
+    mean = diag["sum_off"] / n
+    mask = diag["mask"]
+    out["kappa2_adapted"] = diag["sq_off_A"] / n - float(mean[mask].pow(2).sum())
+    out["kappa2_other"] = out["kappa2"] - out["kappa2_adapted"]
+    if "adapter_sq" in diag:
+        out["adapter_grad_sq_mean"] = diag["adapter_sq"] / n
+    return out
