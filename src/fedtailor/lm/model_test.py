@@ -42,3 +42,41 @@ def test_smollm2_conversion_keeps_the_logits_and_reloads(tmp_path, monkeypatch):
         torch.testing.assert_close(loaded.model(ids).logits, direct(ids).logits, rtol=0, atol=1e-5)
     again = load_causal_lm("smollm2")  # from the cache folder now
     assert again.source == loaded.source and sum(p.numel() for p in again.model.parameters()) == 134_515_008
+
+
+@pytest.mark.slow
+def test_one_pfeddpo_round_on_smollm2_uploads_only_the_base_and_fits_its_pairs(tmp_path):
+    """The real model, briefly: 2 clients x 4 pairs of HH-RLHF, 4 steps; the upload holds no adapter tensor and
+    the DPO loss falls on the pairs trained on."""
+    import numpy as np
+
+    from fedtailor.fl.loop import start
+    from fedtailor.fl.records import ClientData
+    from fedtailor.lm.preference import HH_FILE, federated_pairs, load_hh_rlhf, shared_data_file, tokenize_pairs
+    from fedtailor.methods.pfeddpo import PFedDPO
+
+    path = shared_data_file(*HH_FILE)
+    if path is None:
+        pytest.skip("needs ../shared/data/hh-rlhf-harmless-base")
+    lm = load_causal_lm("smollm2")
+    pairs = load_hh_rlhf(path)
+    split = federated_pairs(pairs, num_clients=2, per_client=4, heldout=0, scheme="length", seed=1)
+    clients = {c: ClientData(cid=c, seen=True, train=tokenize_pairs(lm.tokenizer, [pairs[i] for i in split.train[c]]))
+               for c in range(2)}
+    method = PFedDPO(model=lm.model, personal=True, beta=0.2, lr=1e-4, local_steps=4, batch_size=4, grad_clip=1.0,
+                     seed=1, rounds=1, precision="bf16")
+    state = start(method, clients)
+    losses = []
+    for cid in clients:
+        reply, new = method.client_fit(method.configure_fit(state.server, 1, cid), state.clients[cid], clients[cid])
+        method.validate_reply(state.server, "fit", 1, cid, reply)
+        assert not [n for n in reply.arrays if "lora_" in n] and new.adapter
+        losses.append(method.client_evaluate(_own_base(reply), new, clients[cid])["train_loss"])
+    assert np.mean(losses) < np.log(2) - 0.05  # below the starting loss log 2 (policy = reference)
+
+
+def _own_base(reply):
+    """An evaluation message carrying the client's own trained base (what it would see were it alone)."""
+    from fedtailor.fl.records import Message
+
+    return Message(arrays={n: t for n, t in reply.arrays.items()})
