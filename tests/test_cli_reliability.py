@@ -8,11 +8,11 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import TINY_TOML
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedtailor.cli import main
-from conftest import TINY_TOML
 
 COMPACT_SMALL = ['method.name="compact"', 'data.dataset="mnist-5k"', "data.num_clients=10", "data.num_unseen=2",
                  "data.context_size=60", "federation.rounds=3", "method.coef_dim=512", "method.hidden_dim=8",

@@ -52,16 +52,8 @@ def local_sgd(
 @torch.no_grad()
 def accuracy_and_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of ``model`` on (x, y)."""
-    if len(x) == 0:
-        raise ValueError("cannot evaluate on zero records.")
     model.eval()
-    correct, loss = 0, 0.0
-    for start in range(0, len(x), batch_size):
-        logits = model(x[start : start + batch_size])
-        target = y[start : start + batch_size]
-        correct += int((logits.argmax(1) == target).sum())
-        loss += float(F.cross_entropy(logits, target, reduction="sum"))
-    return correct / len(x), loss / len(x)
+    return accuracy_and_loss_of(model, x, y, batch_size=batch_size)
 
 
 LossFn = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]

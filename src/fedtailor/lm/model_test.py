@@ -52,7 +52,13 @@ def test_one_pfeddpo_round_on_smollm2_uploads_only_the_base_and_fits_its_pairs(t
 
     from fedtailor.fl.loop import start
     from fedtailor.fl.records import ClientData
-    from fedtailor.lm.preference import HH_FILE, federated_pairs, load_hh_rlhf, shared_data_file, tokenize_pairs
+    from fedtailor.lm.preference import (
+        HH_FILE,
+        federated_pairs,
+        load_hh_rlhf,
+        shared_data_file,
+        tokenize_pairs,
+    )
     from fedtailor.methods.pfeddpo import PFedDPO
 
     path = shared_data_file(*HH_FILE)

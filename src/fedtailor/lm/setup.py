@@ -19,7 +19,15 @@ from fedtailor.config import RunConfig
 from fedtailor.device import select_device
 from fedtailor.fl.records import ClientData
 from fedtailor.fl.schedule import uniform_schedule
-from fedtailor.lm.preference import HH_FILE, PreferencePair, federated_pairs, load_hh_rlhf, load_shp, shared_data_file, tokenize_pairs
+from fedtailor.lm.preference import (
+    HH_FILE,
+    PreferencePair,
+    federated_pairs,
+    load_hh_rlhf,
+    load_shp,
+    shared_data_file,
+    tokenize_pairs,
+)
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedtailor.fl.training import batched_sgd, functional_sgd
-from fedtailor.methods.fedlag_test import BASE, _run
+from fedtailor.methods.fedlag_test import _run
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod"])

@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtailor.models.flat import FlatLayout
-from fedtailor.models.kronecker import MAX_DENSE_ENTRIES, check_operand
+from fedtailor.models.kronecker import MAX_DENSE_ENTRIES, _haar_columns, check_operand
 from fedtailor.rng import numpy_rng
 
 LossFn = Callable[..., torch.Tensor]
@@ -172,11 +172,6 @@ def _project_positions(errs: torch.Tensor, cols: torch.Tensor, A: torch.Tensor, 
     if bias:
         out = out + left.sum(2)[:, :, None] * B[fan_in][None, None, :]
     return out
-
-
-def _haar_columns(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    q, r = np.linalg.qr(rng.standard_normal((rows, cols)))
-    return q * np.sign(np.diag(r))
 
 
 class LayerKroneckerSubspace:
