@@ -12,7 +12,6 @@ method and the schedule, a node uses only its own client's records and keeps its
 
 from __future__ import annotations
 
-import json
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -23,6 +22,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedtailor.fl.records import InvalidMessage
 from fedtailor.flower.records import STATE_KEY, from_records, state_from_bytes, state_to_bytes, to_records
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,8 @@ server_app = ServerApp()
 
 @server_app.main()
 def server_main(grid: Grid, context: Context) -> None:
-    from fedtailor.fl.loop import LoopState, summarize
-    from fedtailor.fl.records import InvalidMessage
-
     setup, method = _build(*_run_config(context))
     nodes = _nodes_by_partition(grid, len(setup.clients))
-    state = LoopState(round=0, server=method.init_server())
 
     def exchange(kind: str, msgs: dict[int, Any]) -> dict[int, Any]:
         out = [FlowerMessage(content=_with_cid(to_records(m), cid, kind), dst_node_id=nodes[cid], message_type=kind)
@@ -67,10 +63,24 @@ def server_main(grid: Grid, context: Context) -> None:
                 continue
             cid = int(reply.content["meta"]["cid"])
             try:
-                replies[cid] = from_records(reply.content)
+                replies[cid] = from_records(reply.content) if kind != "evaluate" else dict(reply.content["config"])
             except InvalidMessage as err:
                 log.warning("%s: unreadable reply of client %d: %s", kind, cid, err)
         return replies
+
+    server, history, evaluation = drive(method, setup, exchange)
+    out = context.run_config.get("out")
+    if out:
+        _write(Path(str(out)), method, setup, server, history, evaluation)
+
+
+def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, Any]], dict[int, dict[str, float]]]:
+    """The server's side of a whole run, with the transport abstracted: ``exchange(kind, {cid: Message})``
+    returns the replies that came back (``kind`` is ``query.setup``, ``train`` or ``evaluate``). Replies are
+    validated as in the in-process loop; clients that did not answer are recorded per round as ``lost``."""
+    from fedtailor.fl.loop import LoopState
+
+    state = LoopState(round=0, server=method.init_server())
 
     def accepted(phase: str, rnd: int, replies: dict[int, Any]) -> dict[int, Any]:
         ok = {}
@@ -90,28 +100,31 @@ def server_main(grid: Grid, context: Context) -> None:
     history = []
     for rnd in range(1, len(setup.schedule) + 1):
         cids = [int(c) for c in setup.schedule[rnd - 1]]
-        replies = accepted("fit", rnd, exchange("train", {c: method.configure_fit(state.server, rnd, c) for c in cids}))
-        record: dict[str, Any] = {"round": rnd, "clients": cids, "rejected": len(cids) - len(replies)}
+        came = exchange("train", {c: method.configure_fit(state.server, rnd, c) for c in cids})
+        replies = accepted("fit", rnd, came)
+        record: dict[str, Any] = {"round": rnd, "clients": cids, "lost": sorted(set(cids) - set(came)),
+                                  "rejected": len(came) - len(replies)}
         if replies:
             state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
             record.update(metrics)
         history.append(record)
         state.round = rnd
-    evaluation = {cid: dict(m.config) for cid, m in
-                  exchange("evaluate", {c: method.configure_evaluate(state.server, c) for c in sorted(setup.clients)
-                                        if setup.clients[c].eval is not None}).items()}
-    out = context.run_config.get("out")
-    if out:
-        Path(str(out)).mkdir(parents=True, exist_ok=True)
-        from fedtailor.runner import write_json
+    evaluation = exchange("evaluate", {c: method.configure_evaluate(state.server, c) for c in sorted(setup.clients)
+                                       if setup.clients[c].eval is not None})
+    return state.server, history, evaluation
 
-        write_json(Path(str(out)) / "results.json", {
-            "summary": summarize(evaluation, setup.clients), "history": history,
-            "per_client": {str(c): m for c, m in sorted(evaluation.items())},
-            "method_summary": method.summary(state.server)})
-        import torch
 
-        torch.save(state.server, Path(str(out)) / "server_state.pt")
+def _write(out: Path, method: Any, setup: Any, server: Any, history: list, evaluation: dict) -> None:
+    import torch
+
+    from fedtailor.fl.loop import summarize
+    from fedtailor.runner import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", {
+        "summary": summarize(evaluation, setup.clients), "history": history,
+        "per_client": {str(c): m for c, m in sorted(evaluation.items())}, "method_summary": method.summary(server)})
+    torch.save(server, out / "server_state.pt")
 
 
 def _with_cid(records: RecordDict, cid: int, kind: str) -> RecordDict:
@@ -174,30 +187,38 @@ def client_partition(msg: FlowerMessage, context: Context) -> FlowerMessage:
     return FlowerMessage(content=RecordDict({"meta": ConfigRecord({"partition": cid})}), reply_to=msg)
 
 
+def handle(kind: str, msg: Any, state: Any, method: Any, data: Any) -> tuple[Any, Any]:
+    """A client's side of one message (transport-free): ``(reply or metrics, new state)``."""
+    if kind == "query.setup":
+        return method.client_setup(msg, state, data)
+    if kind == "train":
+        return method.client_fit(msg, state, data)
+    if kind == "evaluate":
+        return method.client_evaluate(msg, state, data), state
+    raise ValueError(f"unknown message kind {kind!r}.")
+
+
+def _on_node(kind: str, msg: FlowerMessage, context: Context) -> FlowerMessage:
+    setup, method, cid = _client(context)
+    out, state = handle(kind, from_records(msg.content), _load_state(context, method, cid), method, setup.clients[cid])
+    _save_state(context, state)
+    if kind == "evaluate":
+        content = RecordDict({"config": ConfigRecord({k: float(v) for k, v in out.items()}),
+                              "meta": ConfigRecord({"cid": cid})})
+        return FlowerMessage(content=content, reply_to=msg)
+    return _reply(msg, out, cid)
+
+
 @client_app.query("setup")
 def client_setup(msg: FlowerMessage, context: Context) -> FlowerMessage:
-    setup, method, cid = _client(context)
-    reply, state = method.client_setup(from_records(msg.content), _load_state(context, method, cid), setup.clients[cid])
-    _save_state(context, state)
-    return _reply(msg, reply, cid)
+    return _on_node("query.setup", msg, context)
 
 
 @client_app.train()
 def client_train(msg: FlowerMessage, context: Context) -> FlowerMessage:
-    setup, method, cid = _client(context)
-    reply, state = method.client_fit(from_records(msg.content), _load_state(context, method, cid), setup.clients[cid])
-    _save_state(context, state)
-    return _reply(msg, reply, cid)
+    return _on_node("train", msg, context)
 
 
 @client_app.evaluate()
 def client_evaluate(msg: FlowerMessage, context: Context) -> FlowerMessage:
-    setup, method, cid = _client(context)
-    metrics = method.client_evaluate(from_records(msg.content), _load_state(context, method, cid), setup.clients[cid])
-    content = RecordDict({"config": ConfigRecord({k: float(v) for k, v in metrics.items()}),
-                          "meta": ConfigRecord({"cid": cid})})
-    return FlowerMessage(content=content, reply_to=msg)
-
-
-def results(out: str | Path) -> dict[str, Any]:
-    return json.loads((Path(out) / "results.json").read_text())
+    return _on_node("evaluate", msg, context)
