@@ -33,4 +33,11 @@ if [[ $want_test == 1 && ! -d /usr/share/datasets/fashion-mnist ]]; then
     echo "note: Fashion-MNIST is missing; install it with: sudo apt-get install dataset-fashion-mnist" >&2
   fi
 fi
+if [[ $want_test == 1 ]] && ! command -v chromium >/dev/null; then  # renders the reproduction report in a test
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get install -y -qq chromium >/dev/null 2>&1 || echo "note: could not install chromium (report test skipped)" >&2
+  else
+    echo "note: chromium is missing; install it with: sudo apt-get install chromium" >&2
+  fi
+fi
 echo "fedtailor installed ($("$PY" -c 'import fedtailor; print(fedtailor.__version__)'))."

@@ -11,7 +11,7 @@ from fedtailor.fl.loop import RunInterrupted
 from fedtailor.privacy.ledger import PrivacyBudgetExceeded
 
 # Modules under fedtailor.cli that define ``register(subparsers)``; each adds its subcommands.
-_COMMAND_MODULES = ("run", "datasets", "privacy", "codec")
+_COMMAND_MODULES = ("run", "datasets", "privacy", "codec", "reproduce")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,298 @@
+"""``fedtailor reproduce NAME``: the papers' experiments from one command, resumable, with tables, plots and one
+self-contained HTML report.
+
+An *experiment* is a list of *blocks*; a block is a config file, a grid of overrides (every combination is a
+point) and fixed overrides. Every (point, seed) is an ordinary run directory
+``OUT/NAME/<block>/<point>/seed<S>``, so an interrupted reproduction resumes: finished runs are skipped,
+unfinished ones continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides.
+``--jobs N`` runs N processes with one thread each (``OMP_NUM_THREADS=1``), never more than the cores.
+
+Outputs per experiment: ``table.md`` and ``table.csv`` (mean +- std over seeds of the per-client means, per
+point), ``accuracy.png`` (a bar per point with the seed spread), and ``OUT/report.html`` linking every
+experiment with its tables and images inline (one file, no external resources).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import itertools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedtailor.config import load_config
+from fedtailor.report import aggregate_seeds
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    config: str
+    grid: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    sets: tuple[str, ...] = ()
+
+    def points(self) -> list[tuple[tuple[str, str], ...]]:
+        return list(itertools.product(*[[(k, v) for v in vals] for k, vals in self.grid])) if self.grid else [()]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    blocks: tuple[Block, ...]
+    quick: tuple[str, ...] = ()  # overrides of --quick
+    metrics: tuple[str, ...] = ("seen/accuracy", "future/accuracy")
+    seeds: tuple[int, ...] = (41, 42, 43)
+
+
+def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
+    """Every base with and without FedLAG (``top_k = 0`` is the base exactly) and the fixed First/Middle/Last-K,
+    at both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``."""
+    bases = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
+    out = []
+    for a in ("01", "10"):
+        config = f"configs/fedlag/{prefix}-alpha{a}.toml"
+        out += [Block(f"main-alpha{a}", config, (("method.name", bases), ("method.fedlag.top_k", ("0", "2")))),
+                Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),))]
+    return tuple(out)
+
+
+COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    Experiment("compact-table1-mnist", "Compact adaptation, Table 1 on MNIST: Seen/Future accuracy of each variant "
+               "at eps 4, 8, 16, 32", tuple(Block(f"eps{e}", f"configs/compact/mnist-eps{e}.toml",
+                                                   (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
+               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")),
+    Experiment("compact-controls-mnist", "Compact adaptation, geometry controls at eps 16 (public context u0)",
+               (Block("eps16", "configs/compact/mnist-eps16.toml",
+                      (("method.variant", ("direct", "deeplin", "factorized", "radial", "factorized-ctx")),)),),
+               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")),
+    Experiment("fedlag-mnist", "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
+               "(DNN) at Dirichlet alpha 0.1 and 1.0", _fedlag_blocks("mnist-dnn"),
+               quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
+               metrics=("seen/accuracy",)),
+    Experiment("fedlag-fmnist", "FedLAG on Fashion-MNIST (FedAvgCNN) at alpha 0.1 and 1.0",
+               _fedlag_blocks("fmnist-fedavgcnn"),
+               quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
+               metrics=("seen/accuracy",)),
+    Experiment("pfeddpo-hh", "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2",
+               (Block("methods", "configs/pfeddpo/hh-rlhf.toml",
+                      (("method.name", ("pfeddpo", "feddpo", "dpo-central")),)),),
+               quick=("federation.rounds=3", "data.pairs_per_client=8", "data.heldout_pairs=4",
+                      "federation.eval_every=0"),
+               metrics=("seen/train_accuracy", "seen/accuracy"), seeds=(41,)),
+)}
+
+
+@dataclass
+class Run:
+    experiment: str
+    block: str
+    point: tuple[tuple[str, str], ...]
+    seed: int
+    config: str
+    sets: list[str]
+    out: Path
+
+    @property
+    def done(self) -> bool:
+        f = self.out / "results.json"
+        if not f.exists():
+            return False
+        r = json.loads(f.read_text())
+        return r.get("rounds_completed") == r.get("rounds")
+
+
+def slug(point: tuple[tuple[str, str], ...]) -> str:
+    return "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in point) or "base"
+
+
+def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
+         registry: dict[str, Experiment] = EXPERIMENTS) -> list[Run]:
+    """Every run of the named experiments, each config validated now (a bad point fails before any run)."""
+    from fedtailor.experiment import check_data_name
+
+    runs = []
+    for name in names:
+        if name not in registry:
+            raise ValueError(f"unknown experiment {name!r}; `fedtailor reproduce --list` shows them.")
+        exp = registry[name]
+        for block in exp.blocks:
+            for point in block.points():
+                for seed in seeds or exp.seeds:
+                    sets = [*block.sets, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
+                    try:
+                        cfg = load_config(block.config, sets)
+                        check_data_name(cfg)
+                    except ValueError as err:
+                        raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
+                    runs.append(Run(name, block.name, point, seed, block.config, sets,
+                                    out / name / block.name / slug(point) / f"seed{seed}"))
+    return runs
+
+
+def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] = print,
+            command: Callable[[Run], list[str]] | None = None) -> list[Run]:
+    """Run what is not finished, ``jobs`` processes at a time (one thread each), with a progress line after each
+    start and finish: done / running / left and an estimate of the time left. Returns the runs that failed."""
+    jobs = max(1, min(jobs, os.cpu_count() or 1))
+    todo = [r for r in runs if not r.done]
+    done, failed, running = len(runs) - len(todo), [], {}
+    durations: list[float] = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    build = command or _run_command
+
+    def line() -> None:
+        left = len(todo) + len(running)
+        eta = (sum(durations) / len(durations)) * left / jobs if durations else float("nan")
+        progress(f"reproduce: {done} done, {len(running)} running, {left - len(running)} waiting"
+                 + (f", about {eta / 60:.1f} min left" if durations else ""))
+
+    line()
+    while todo or running:
+        while todo and len(running) < jobs:
+            run = todo.pop(0)
+            run.out.parent.mkdir(parents=True, exist_ok=True)
+            logf = open(run.out.parent / f"{run.out.name}.log", "w")  # noqa: SIM115 - closed when the run ends
+            running[subprocess.Popen(build(run), env=env, stdout=logf, stderr=subprocess.STDOUT)] = (run, time.time(), logf)
+            line()
+        time.sleep(0.2)
+        for proc in [p for p in running if p.poll() is not None]:
+            run, started, logf = running.pop(proc)
+            logf.close()
+            if proc.returncode == 0:
+                done += 1
+                durations.append(time.time() - started)
+            else:
+                failed.append(run)
+                progress(f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} failed "
+                         f"(exit {proc.returncode}); see {run.out.parent / (run.out.name + '.log')}")
+            line()
+    return failed
+
+
+def _run_command(run: Run) -> list[str]:
+    cmd = [sys.executable, "-m", "fedtailor", "run", run.config, "--out", str(run.out), "--no-progress", "--no-plots"]
+    if run.out.exists() and any(run.out.iterdir()):
+        cmd.append("--resume")
+    for s in run.sets:
+        cmd += ["--set", s]
+    return cmd
+
+
+def tables(runs: list[Run], *, out: Path, registry: dict[str, Experiment] = EXPERIMENTS) -> list[Path]:
+    """table.md, table.csv and accuracy.png per experiment (finished runs only); returns the written folders."""
+    folders = []
+    for name in dict.fromkeys(r.experiment for r in runs):
+        exp = registry[name]
+        groups: dict[tuple[str, str], list[Path]] = {}
+        for r in runs:
+            if r.experiment == name and r.done:
+                groups.setdefault((r.block, slug(r.point)), []).append(r.out)
+        rows = []
+        for (block, point), dirs in groups.items():
+            stats = aggregate_seeds(dirs)
+            row = {"block": block, "point": point, "seeds": len(dirs)}
+            for m in exp.metrics:
+                if m in stats:
+                    row[m] = f"{100 * stats[m][0]:.2f} +- {100 * stats[m][1]:.2f}"
+                    row[m + " (mean)"] = 100 * stats[m][0]
+                    row[m + " (std)"] = 100 * stats[m][1]
+            rows.append(row)
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        cols = ["block", "point", "seeds", *[m for m in exp.metrics if any(m in r for r in rows)]]
+        md = [f"# {name}", "", exp.description, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
+        (folder / "table.md").write_text("\n".join(md) + "\n")
+        with (folder / "table.csv").open("w", newline="") as fh:
+            fields = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("block", "point", "seeds"), k))
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+        _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
+        folders.append(folder)
+    return folders
+
+
+def _bar_plot(rows: list[dict], metrics: tuple[str, ...], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['block']}\n{r['point']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) * len(metrics)), 3.6))
+    width = 0.8 / max(1, len(metrics))
+    for j, m in enumerate(metrics):
+        means = [r.get(m + " (mean)", 0) for r in rows]
+        stds = [r.get(m + " (std)", 0) for r in rows]
+        ax.bar([i + j * width for i in range(len(rows))], means, width, yerr=stds, label=m, capsize=2)
+    ax.set_xticks([i + width * (len(metrics) - 1) / 2 for i in range(len(rows))], labels, fontsize=6, rotation=90)
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def html_report(folders: list[Path], *, out: Path, registry: dict[str, Experiment] = EXPERIMENTS) -> Path:
+    """One self-contained HTML page: each experiment's description, table and plot (images inlined)."""
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fedtailor reproduction</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #999;padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>",
+             "<h1>fedtailor reproduction</h1>"]
+    for folder in folders:
+        exp = registry[folder.name]
+        parts.append(f"<h2 id='{html.escape(exp.name)}'>{html.escape(exp.name)}</h2><p>{html.escape(exp.description)}</p>")
+        with (folder / "table.csv").open() as fh:
+            rows = list(csv.DictReader(fh))
+        cols = ["block", "point", "seeds", *[m for m in exp.metrics if rows and m in rows[0]]]
+        parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
+        parts.append("</table>")
+        png = folder / "accuracy.png"
+        if png.exists():
+            data = base64.b64encode(png.read_bytes()).decode()
+            parts.append(f"<p><img alt='{html.escape(exp.name)} accuracy' src='data:image/png;base64,{data}'></p>")
+    # a rendering check for browsers and tests: how many images decoded
+    parts.append("<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images-loaded',"
+                 "[...document.images].filter(i=>i.naturalWidth>0).length)});</script>")
+    parts.append("</body></html>")
+    path = out / "report.html"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def listing(registry: dict[str, Experiment] = EXPERIMENTS) -> str:
+    lines = []
+    for exp in registry.values():
+        n = sum(len(b.points()) for b in exp.blocks) * len(exp.seeds)
+        lines.append(f"{exp.name:24s} {n:4d} runs  {exp.description}")
+    return "\n".join(lines)
+
+
+@dataclass
+class Outcome:
+    runs: list[Run]
+    failed: list[Run] = field(default_factory=list)
+    report: Path | None = None
+
+
+def reproduce(names: list[str], *, out: Path, seeds: list[int] | None = None, quick: bool = False, jobs: int = 1,
+              progress: Callable[[str], None] = print) -> Outcome:
+    runs = plan(names, out=out, seeds=seeds, quick=quick)
+    failed = execute(runs, jobs=jobs, progress=progress)
+    folders = tables(runs, out=out)
+    return Outcome(runs=runs, failed=failed, report=html_report(folders, out=out))
