@@ -36,10 +36,85 @@ def test_messages_and_client_state_survive_the_flower_records():
     assert again["step"] == 4 and torch.equal(again["adapter"]["a"], state["adapter"]["a"])
 
 
-def _free_port() -> int:
+def _free_port() -> int:  # noqa: D103
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class Federation:
+    """A SuperLink and N SuperNodes as separate processes on loopback (free ports); stopped on exit, even on
+    failure."""
+
+    def __init__(self, tmp_path: Path, nodes: int) -> None:
+        self.home, self.nodes = tmp_path / "flwr", nodes
+        self.home.mkdir()
+        self.link = _free_port()
+        (self.home / "config.toml").write_text(f'[superlink.deploy]\naddress = "127.0.0.1:{self.link}"\ninsecure = true\n')
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
+        self.bin = Path(sys.executable).parent
+        self.procs: list[subprocess.Popen] = []
+        self.node_logs: list[Path] = []
+
+    def __enter__(self) -> "Federation":
+        self.procs.append(subprocess.Popen([self.bin / "flower-superlink", "--insecure",
+                                            "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
+                                            "--port", str(self.link)], env=self.env, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, start_new_session=True))
+        for _ in range(60):
+            if subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.link}/health"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.5)
+        for i in range(self.nodes):
+            log = self.home / f"node{i}.log"
+            self.node_logs.append(log)
+            self.procs.append(subprocess.Popen([self.bin / "flower-supernode", "--insecure", "--superlink",
+                                                f"127.0.0.1:{self.link}", "--port", str(_free_port()), "--node-config",
+                                                f"partition-id={i}"], env=self.env, stdout=log.open("w"),
+                                               stderr=subprocess.STDOUT, start_new_session=True))
+        return self
+
+    def run(self, cfg_path: Path, out: Path, *, wait: bool = True):
+        cmd = [self.bin / "flwr", "run", str(REPO), "deploy", "--stream", "-c", f"config='{cfg_path}' out='{out}'"]
+        if not wait:
+            return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=400)
+
+    def kill(self, proc: subprocess.Popen, sig: int) -> None:
+        """Signal a process and its children (each runs in its own session: a SuperNode's SuperExec too)."""
+        import signal  # noqa: F401 - sig comes from it
+
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for p in self.procs:
+            self.kill(p, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill(p, signal.SIGKILL)
+
+
+def _wait_for(path: Path, seconds: float = 60) -> None:
+    for _ in range(int(seconds)):  # the stream can end a moment before the ServerApp has written its files
+        if path.exists():
+            return
+        time.sleep(1)
+
+
+def _tiny(tmp_path: Path, rounds: int) -> Path:
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY_TOML.replace("num_clients = 6", "num_clients = 3").replace("num_unseen = 1", "num_unseen = 0")
+                        .replace("rounds = 4", f"rounds = {rounds}"))
+    return cfg_path
 
 
 @pytest.mark.slow
@@ -48,50 +123,42 @@ def test_fedavg_on_the_deployment_engine_matches_the_in_process_loop(tmp_path):
     from fedtailor.experiment import build_method, build_setup
     from fedtailor.fl.loop import run_federated
 
-    cfg_path = tmp_path / "tiny.toml"
-    cfg_path.write_text(TINY_TOML.replace("num_clients = 6", "num_clients = 3").replace("num_unseen = 1", "num_unseen = 0")
-                        .replace("clients_per_round = 3", "clients_per_round = 3").replace("rounds = 4", "rounds = 3"))
-    home, out = tmp_path / "flwr", tmp_path / "out"
-    home.mkdir()
-    link = _free_port()
-    (home / "config.toml").write_text(f'[superlink.deploy]\naddress = "127.0.0.1:{link}"\ninsecure = true\n')
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "OMP_NUM_THREADS": "1"}
-    bin_dir = Path(sys.executable).parent
-    procs = []
-    try:
-        procs.append(subprocess.Popen([bin_dir / "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-                                       "--host", "127.0.0.1", "--port", str(link)], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        for _ in range(60):
-            if subprocess.run(["curl", "-sf", f"http://127.0.0.1:{link}/health"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.5)
-        for i in range(3):
-            procs.append(subprocess.Popen([bin_dir / "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
-                                           "--port", str(_free_port()), "--node-config", f"partition-id={i}"],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        run = subprocess.run([bin_dir / "flwr", "run", str(REPO), "deploy", "--stream", "-c",
-                              f"config='{cfg_path}' out='{out}'"], env=env, capture_output=True, text=True, timeout=400)
+    cfg_path, out = _tiny(tmp_path, 3), tmp_path / "out"
+    with Federation(tmp_path, 3) as fed:
+        run = fed.run(cfg_path, out)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        for _ in range(60):  # the stream can end a moment before the ServerApp has written its files
-            if (out / "server_state.pt").exists():
-                break
-            time.sleep(1)
-        flower = torch.load(out / "server_state.pt", weights_only=False)
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(home, ignore_errors=True)
+        _wait_for(out / "server_state.pt")
+    flower = torch.load(out / "server_state.pt", weights_only=False)
     setup = build_setup(load_config(cfg_path))
     local = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
     for n, t in local.params.items():  # per-client on the nodes, vectorized in process: float rounding only
         torch.testing.assert_close(flower.params[n], t, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_run_costs_its_client_and_nothing_else(tmp_path):
+    """SIGKILL one SuperNode after it answered round 1: the server notices (missed heartbeats), the round
+    completes with the two clients that answered, later rounds go on without it, and the results say which
+    rounds lost whom."""
+    import json
+    import signal
+
+    cfg_path, out = _tiny(tmp_path, 4), tmp_path / "out"
+    with Federation(tmp_path, 3) as fed:
+        run = fed.run(cfg_path, out, wait=False)
+        victim, log = fed.procs[3], fed.node_logs[2]
+        deadline = time.time() + 200  # round 1 is over for it once the round-2 request arrives
+        while log.read_text().count("Receiving: train message") < 2 and time.time() < deadline:
+            time.sleep(0.5)
+        fed.kill(victim, signal.SIGKILL)
+        output, _ = run.communicate(timeout=400)
+        assert run.returncode == 0, output[-2000:]
+        _wait_for(out / "results.json")
+    results = json.loads((out / "results.json").read_text())
+    lost = [h["lost"] for h in results["history"]]
+    assert lost[0] == [] and all(entry == [2] for entry in lost[1:]), lost  # round 2 on: client 2 lost
+    assert all("loss" in h for h in results["history"])  # every round aggregated the clients that answered
+    assert sorted(results["per_client"]) == ["0", "1"]  # the lost client is not evaluated either
 
 
 def _through_records(method, setup):

@@ -52,20 +52,24 @@ server_app = ServerApp()
 def server_main(grid: Grid, context: Context) -> None:
     setup, method = _build(*_run_config(context))
     nodes = _nodes_by_partition(grid, len(setup.clients))
+    dead: set[int] = set()  # nodes that failed once are not asked again in this run (their clients are "lost")
 
     def exchange(kind: str, msgs: dict[int, Any]) -> dict[int, Any]:
         out = [FlowerMessage(content=_with_cid(to_records(m), cid, kind), dst_node_id=nodes[cid], message_type=kind)
-               for cid, m in msgs.items()]
+               for cid, m in msgs.items() if nodes[cid] not in dead]
         replies = {}
+        answered: set[int] = set()
         for reply in grid.send_and_receive(out):
-            if reply.has_error():
-                log.warning("%s: a node failed: %s", kind, reply.error)
+            if reply.has_error():  # e.g. NODE_UNAVAILABLE once a killed node misses its heartbeats
+                log.warning("%s: a node failed (%s); its client is left out from now on", kind, reply.error.reason)
                 continue
+            answered.add(reply.metadata.src_node_id)
             cid = int(reply.content["meta"]["cid"])
             try:
                 replies[cid] = from_records(reply.content) if kind != "evaluate" else dict(reply.content["config"])
             except InvalidMessage as err:
                 log.warning("%s: unreadable reply of client %d: %s", kind, cid, err)
+        dead.update({m.metadata.dst_node_id for m in out} - answered)  # an error or no reply: lost from now on
         return replies
 
     server, history, evaluation = drive(method, setup, exchange)
