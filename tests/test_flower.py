@@ -249,3 +249,20 @@ def test_pfeddpo_through_the_flower_records_keeps_adapters_on_the_nodes():
     server, history, evaluation = _through_records(method, setup)
     assert all(not h["lost"] and h["rejected"] == 0 for h in history) and set(evaluation) == {0, 1, 2}
     assert not [n for n in server.base if "lora_" in n]
+
+
+def test_secure_mode_through_the_adapter_draws_fresh_noise_on_every_node():
+    """Compact adaptation in secure mode (the default outside simulation) through the Flower path: two runs of the
+    same config end in different generators (each node draws its noise and codec secret from OS entropy, kept
+    in its own state), while two simulation runs end in the same one."""
+    from fedtailor.config import load_config
+    from fedtailor.experiment import build_method, build_setup
+
+    def generator(randomness: str):
+        sets = [s for s in FLOWER_PATHS["compact"] if "randomness" not in s] + [f'method.privacy.randomness="{randomness}"']
+        setup = build_setup(load_config(None, sets))
+        server, _, _ = _through_records(build_method(setup), setup)
+        return torch.cat([t.reshape(-1) for t in server.omega.values()])
+
+    assert not torch.equal(generator("secure"), generator("secure"))
+    assert torch.equal(generator("simulation"), generator("simulation"))
