@@ -136,3 +136,18 @@ def test_unknown_client_in_schedule_is_an_error(digits_clients):
     with pytest.raises(ValueError, match="without data"):
         run_federated(_fedavg(ds), clients, np.array([[0, 999]]), progress=False)
 
+
+
+def test_a_streaming_round_equals_a_collected_round(digits_clients):
+    """The streaming driver (each reply folded in as it arrives, clients one by one) ends where the collected
+    round ends, with the default fold (the replies kept, then aggregate_fit)."""
+    ds, part, clients = digits_clients
+    schedule = _schedule(part, rounds=2)
+    plain = _fedavg(ds)
+    plain.vectorize = False
+    streaming = _fedavg(ds)
+    streaming.vectorize, streaming.streaming = False, True
+    a = run_federated(plain, clients, schedule, progress=False)
+    b = run_federated(streaming, clients, schedule, progress=False)
+    assert all(torch.equal(a.state.server.params[n], b.state.server.params[n]) for n in a.state.server.params)
+    assert _strip(a.history) == _strip(b.history)

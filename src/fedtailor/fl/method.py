@@ -60,12 +60,14 @@ class Method(ABC, Generic[S, C]):
     streaming: bool = False
 
     def fold_fit(self, server: S, rnd: int, acc: Any, cid: int, reply: Message) -> Any:
-        """Fold one accepted reply into the round's accumulator ``acc`` (None before the first)."""
-        raise NotImplementedError(f"{type(self).__name__} sets streaming but does not implement fold_fit.")
+        """Fold one accepted reply into the round's accumulator ``acc`` (None before the first). The default
+        keeps the replies, so that :meth:`finish_fit` is :meth:`aggregate_fit`; streaming methods override both
+        with a running aggregate."""
+        return {**(acc or {}), cid: reply}
 
     def finish_fit(self, server: S, rnd: int, acc: Any) -> tuple[S, Metrics]:
         """The new server state from the accumulator of the round's accepted replies."""
-        raise NotImplementedError(f"{type(self).__name__} sets streaming but does not implement finish_fit.")
+        return self.aggregate_fit(server, rnd, acc)
 
     @abstractmethod
     def configure_evaluate(self, server: S, cid: int) -> Message:
