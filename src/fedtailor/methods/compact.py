@@ -228,9 +228,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         the client's codec secret for the decoder."""
         if not self.private_context and self.simulation:
             return None
-        if self.noisy and self.private_context:
-            self._guard(server.ledger).record(client=cid, round=0, sensitivity=context_sensitivity(self.m_c),
-                                              sigma=server.sigma, mechanism="context")
+        if self.noisy and self.private_context:  # refused here if over budget; recorded when it arrives
+            self._guard(server.ledger).check_release(client=cid, round=0, sensitivity=context_sensitivity(self.m_c),
+                                                     sigma=server.sigma, mechanism="context")
         return Message(config={"sigma": server.sigma, "context": self.private_context})
 
     def _simulation_secret(self, cid: int) -> int:
@@ -304,9 +304,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
 
     # ----- training round ------------------------------------------------------------------------------
     def configure_fit(self, server: CompactState, rnd: int, cid: int) -> Message:
-        if self.noisy:
-            self._guard(server.ledger).record(client=cid, round=rnd, sensitivity=self._sensitivities()[1],
-                                              sigma=server.sigma, mechanism=f"coef-gradient/{self.codec.name}")
+        if self.noisy:  # refused here if over budget; recorded when the release arrives (validate_reply)
+            self._guard(server.ledger).check_release(client=cid, round=rnd, sensitivity=self._sensitivities()[1],
+                                                     sigma=server.sigma, mechanism=f"coef-gradient/{self.codec.name}")
         config: dict[str, Any] = {"round": rnd, "sigma": server.sigma}
         if server.pad_bytes is not None:
             config["pad_bytes"] = server.pad_bytes
@@ -358,7 +358,23 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             config["encode_ms"] = encode_ms
         return Message(config=config), state
 
+    def _record_arrival(self, server: CompactState, phase: str, rnd: int, cid: int) -> None:
+        """The ledger counts every release that reached the server (even one rejected below: it left the client)
+        and none that did not (a client lost before answering released nothing)."""
+        if phase == "fit" and not (1 <= rnd <= len(self.schedule) and cid in {int(c) for c in self.schedule[rnd - 1]}):
+            raise InvalidMessage(f"client {cid} was not asked for a release in round {rnd}.")
+        if not self.noisy or (phase == "setup" and not self.private_context):
+            return
+        if phase == "setup":
+            sens, mechanism = context_sensitivity(self.m_c), "context"
+        else:
+            sens, mechanism = self._sensitivities()[1], f"coef-gradient/{self.codec.name}"
+        if not server.ledger.recorded(client=cid, round=rnd, mechanism=mechanism):  # one release per request
+            self._guard(server.ledger).record(client=cid, round=rnd, sensitivity=sens, sigma=server.sigma,
+                                              mechanism=mechanism)
+
     def validate_reply(self, server: CompactState, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        self._record_arrival(server, phase, rnd, cid)
         if phase == "setup":
             if self.private_context:
                 c = reply.array("context", shape=(self.context_dim,))

@@ -221,3 +221,25 @@ def test_the_cosine_step_decays_from_eta_to_near_zero():
     assert method.step_size(rounds // 2 + 1) == pytest.approx(0.2)
     _, const = build(SMALL, "method.lr=0.4", 'method.lr_schedule="constant"')
     assert {const.step_size(t) for t in range(1, rounds + 1)} == {0.4}
+
+
+def test_the_ledger_counts_the_releases_that_arrived_and_only_those():
+    """A client lost before it answers released nothing and is not charged; a release that arrived counts even
+    when it is then rejected, once per request however often it is resent; an unsolicited one is refused."""
+    setup, method = build(SMALL)
+    server = start(method, setup.clients).server
+    a, b = (int(c) for c in setup.schedule[0])
+    mechanism = f"coef-gradient/{method.codec.name}"
+    msgs = {c: method.configure_fit(server, 1, c) for c in (a, b)}  # both asked
+    assert not server.ledger.recorded(client=a, round=1, mechanism=mechanism)  # nothing counted at request
+    reply, _ = method.client_fit(msgs[a], method.init_client(a), setup.clients[a])
+    method.validate_reply(server, "fit", 1, a, reply)  # a answered; b was lost
+    with pytest.raises(InvalidMessage):
+        method.validate_reply(server, "fit", 1, a, Message(config={"payload": b"\x00" * 64}))  # resent, garbage
+    assert server.ledger.recorded(client=a, round=1, mechanism=mechanism)
+    assert not server.ledger.recorded(client=b, round=1, mechanism=mechanism)
+    assert server.ledger.epsilon(a) > server.ledger.epsilon(b)
+    others = [c for c in setup.clients if c not in (a, b) and setup.clients[c].seen]
+    with pytest.raises(InvalidMessage, match="was not asked"):
+        method.validate_reply(server, "fit", 1, others[0], reply)
+    assert not server.ledger.recorded(client=others[0], round=1, mechanism=mechanism)

@@ -75,6 +75,10 @@ class PrivacyLedger:
         self._terms: dict[int, list[float]] = {}
         self._keys: set[tuple[int, int, str]] = set()
 
+    def recorded(self, *, client: int, round: int, mechanism: str) -> bool:
+        """Whether this release is already in the ledger."""
+        return (int(client), int(round), mechanism) in self._keys
+
     def record(self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str) -> Release:
         """Add one release. The same (client, round, mechanism) twice is refused as a double count."""
         client, round = _as_int(client, "client"), _as_int(round, "round")
