@@ -266,3 +266,34 @@ def test_secure_mode_through_the_adapter_draws_fresh_noise_on_every_node():
 
     assert not torch.equal(generator("secure"), generator("secure"))
     assert torch.equal(generator("simulation"), generator("simulation"))
+
+
+@pytest.mark.slow
+def test_the_same_apps_run_on_the_simulation_engine(tmp_path):
+    """`flwr run . local` with 3 virtual SuperNodes on Ray ends where the in-process loop ends; its detached local
+    SuperLink is started with runtime dependency installation off and stopped at the end."""
+    pytest.importorskip("ray")
+    from fedtailor.config import load_config
+    from fedtailor.experiment import build_method, build_setup
+    from fedtailor.fl.loop import run_federated
+
+    cfg_path, out, home = _tiny(tmp_path, 3), tmp_path / "out", tmp_path / "flwr"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink.local]\naddress = ":local:"\n')
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        run = subprocess.run([Path(sys.executable).parent / "flwr", "run", str(REPO), "local", "--stream",
+                              "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
+                              "-c", f"config='{cfg_path}' out='{out}'"], env=env, capture_output=True, text=True,
+                             timeout=400)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "uv sync" not in run.stdout + run.stderr  # nothing was installed at run time
+        _wait_for(out / "server_state.pt")
+    finally:
+        subprocess.run(["pkill", "-f", str(home / "local-superlink")], check=False)
+    flower = torch.load(out / "server_state.pt", weights_only=False)
+    setup = build_setup(load_config(cfg_path))
+    local = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
+    for n, t in local.params.items():
+        torch.testing.assert_close(flower.params[n], t, rtol=1e-5, atol=1e-6)
