@@ -182,9 +182,10 @@ def _through_records(method, setup):
 
 IMAGE = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
          "data.eval_fraction=0.25", "federation.rounds=2", "federation.clients_per_round=4", 'method.model="mlp"']
+BASES = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
 FLOWER_PATHS = {
-    **{name: [*IMAGE, f'method.name="{name}"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"]
-       for name in ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")},
+    **{name: [*IMAGE, f'method.name="{name}"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"] for name in BASES},
+    **{f"{name} (no FedLAG)": [*IMAGE, f'method.name="{name}"'] for name in BASES},
     "compact": ['data.dataset="mnist-5k"', "data.num_clients=6", "data.num_unseen=1", "data.context_size=60",
                 "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256", "method.hidden_dim=8",
                 "method.privacy.batch_size=60", 'method.privacy.randomness="simulation"', 'method.variant="ours-lrsuq"'],
@@ -297,3 +298,36 @@ def test_the_same_apps_run_on_the_simulation_engine(tmp_path):
     local = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
     for n, t in local.params.items():
         torch.testing.assert_close(flower.params[n], t, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compact_adaptation_deployed_in_secure_mode_cannot_be_regenerated_from_its_config(tmp_path):
+    """Private compact adaptation on the Deployment Engine (4 SuperNodes, secure randomness: each node draws its
+    noise and codec secret from its own OS entropy): the trained generator differs from what the config's seed
+    would give (the in-process run in simulation mode), so whoever holds the config cannot regenerate the noise;
+    the run itself completes with every release decoded and charged."""
+    import json
+
+    from fedtailor.config import load_config
+    from fedtailor.experiment import build_method, build_setup
+    from fedtailor.fl.loop import run_federated
+
+    sets = ['method.name="compact"', 'data.dataset="mnist-5k"', "data.num_clients=4", "data.num_unseen=1",
+            "data.context_size=60", "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256",
+            "method.hidden_dim=8", "method.privacy.batch_size=60", 'method.variant="ours-lrsuq"']
+    cfg_path, out = tmp_path / "compact.toml", tmp_path / "out"
+    cfg_path.write_text("\n")  # the defaults; the run is set by the overrides below (secure is the default)
+    with Federation(tmp_path, 4) as fed:
+        run = subprocess.run([fed.bin / "flwr", "run", str(REPO), "deploy", "--stream", "-c",
+                              f"config='{cfg_path}' set='{';'.join(sets)}' out='{out}'"],
+                             env=fed.env, capture_output=True, text=True, timeout=500)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        _wait_for(out / "server_state.pt")
+    results = json.loads((out / "results.json").read_text())
+    assert all(h["lost"] == [] and h["rejected"] == 0 for h in results["history"])
+    assert results["method_summary"]["randomness"].startswith("secure")
+    deployed = torch.load(out / "server_state.pt", weights_only=False)
+    setup = build_setup(load_config(None, [*sets, 'method.privacy.randomness="simulation"']))
+    seeded = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
+    assert not any(torch.allclose(deployed.omega[k], seeded.omega[k]) for k in ("W",))
+    assert deployed.ledger.to_json() != "" and len(json.loads(deployed.ledger.to_json())["releases"]) > 0
