@@ -57,12 +57,13 @@ def split_dialogues(chosen: str, rejected: str) -> PreferencePair:
 
 
 def shared_data_file(*parts: str) -> Path | None:
-    """A file of the data kept beside the project: ``$FEDTAILOR_DATA/...`` or ``<repository>/../shared/data/...``
-    (None if absent)."""
+    """A file of the data kept beside the project: ``$FEDTAILOR_DATA/...`` or ``shared/data/...`` beside the
+    repository or beside one of its parent folders (None if absent)."""
     import os
 
     roots = [Path(os.environ["FEDTAILOR_DATA"])] if "FEDTAILOR_DATA" in os.environ else []
-    roots.append(Path(__file__).resolve().parents[3].parent / "shared" / "data")
+    here = Path(__file__).resolve()
+    roots += [parent / "shared" / "data" for parent in here.parents[3:]]  # the repository's siblings, upwards
     for root in roots:
         if (root.joinpath(*parts)).is_file():
             return root.joinpath(*parts)
