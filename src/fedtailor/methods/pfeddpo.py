@@ -181,27 +181,34 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         self.model.train()
         opt = self._optimizer(state)
         order = self.batch_order(rnd, data.cid, len(state.ref_train))
-        losses, norms = [], []
-        for step in range(self.local_steps):
-            idx = order[step * self.batch_size : (step + 1) * self.batch_size]
-            out = dpo_on(self.model, data.train, state.ref_train, idx, beta=self.beta, precision=self.precision)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            norms.append(_norm([self.params[n].grad for n in self.base_names]))
-            torch.nn.utils.clip_grad_norm_([self.params[n] for n in (*self.base_names, *self.adapter_names)],
-                                           self.grad_clip)
-            opt.step()
-            losses.append(float(out.loss.detach()))
-        if not all(math.isfinite(v) for v in losses):
-            raise TrainingDiverged(f"round {rnd}: client {data.cid}'s DPO loss is {losses}")
+        loss, norm = self._steps(opt, data.train, state.ref_train, order, f"round {rnd}: client {data.cid}")
         new_state = DPOClient(adapter={n: self.params[n].detach().clone() for n in self.adapter_names},
                               moments=_moments(opt, self.params, self.adapter_names),
                               ref_train=state.ref_train, ref_eval=state.ref_eval)
         arrays = {n: self.params[n].detach().clone() for n in self.base_names}
         arrays.update({DIAG + k: v for k, v in diag.items()})
-        reply = Message(arrays=arrays, config={"num_examples": len(state.ref_train), "loss": sum(losses) / len(losses),
-                                               "base_grad_norm": sum(norms) / len(norms)})
+        reply = Message(arrays=arrays, config={"num_examples": len(state.ref_train), "loss": loss,
+                                               "base_grad_norm": norm})
         return reply, new_state
+
+    def _steps(self, opt: torch.optim.Optimizer, tokens: dict, ref: torch.Tensor, order: torch.Tensor,
+               who: str) -> tuple[float, float]:
+        """E AdamW steps of batch B in ``order``, one gradient-norm clip over every trained parameter; returns the
+        mean DPO loss and the mean base-gradient norm (before clipping)."""
+        losses, norms = [], []
+        trained = [self.params[n] for n in (*self.base_names, *self.adapter_names)]
+        for step in range(self.local_steps):
+            idx = order[step * self.batch_size : (step + 1) * self.batch_size]
+            out = dpo_on(self.model, tokens, ref, idx, beta=self.beta, precision=self.precision)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            norms.append(_norm([self.params[n].grad for n in self.base_names]))
+            torch.nn.utils.clip_grad_norm_(trained, self.grad_clip)
+            opt.step()
+            losses.append(float(out.loss.detach()))
+        if not all(math.isfinite(v) for v in losses):
+            raise TrainingDiverged(f"{who}'s DPO loss is {losses}")
+        return sum(losses) / len(losses), sum(norms) / len(norms)
 
     def _optimizer(self, state: DPOClient) -> torch.optim.Optimizer:
         """AdamW over base and adapter; the adapter's moments resume from the client's state (the base's start
@@ -324,21 +331,10 @@ class CentralizedDPO(PFedDPO):
         self.model.train()
         opt = adamw([self.params[n] for n in self.base_names], lr=self.lr)
         order = self.batch_order(rnd, -1, len(ref))
-        losses, norms = [], []
-        for step in range(self.local_steps):
-            idx = order[step * self.batch_size : (step + 1) * self.batch_size]
-            out = dpo_on(self.model, pool, ref, idx, beta=self.beta, precision=self.precision)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            norms.append(_norm([self.params[n].grad for n in self.base_names]))
-            torch.nn.utils.clip_grad_norm_([self.params[n] for n in self.base_names], self.grad_clip)
-            opt.step()
-            losses.append(float(out.loss.detach()))
-        if not all(math.isfinite(v) for v in losses):
-            raise TrainingDiverged(f"round {rnd}: centralized DPO loss is {losses}")
+        loss, norm = self._steps(opt, pool, ref, order, f"round {rnd}: centralized DPO")
         base = {n: self.params[n].detach().clone() for n in self.base_names}
         return (DPOServer(base=base, round=rnd, pool=server.pool),
-                {"loss": sum(losses) / len(losses), "base_grad_norm": sum(norms) / len(norms)})
+                {"loss": loss, "base_grad_norm": norm})
 
 
 # ----- small pure helpers ---------------------------------------------------------------------------------
