@@ -7,6 +7,7 @@ import csv
 import json
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import TINY_TOML
@@ -27,7 +28,8 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
     monkeypatch.setattr(rp, "EXPERIMENTS", registry)
     out = tmp_path / "out"
     lines: list[str] = []
-    runs = rp.plan(["tiny"], out=out, seeds=None, quick=True, registry=registry)
+    assert len(rp.plan(["tiny"], out=out, seeds=None, quick=True, registry=registry)) == 2  # --quick: first seed
+    runs = rp.plan(["tiny"], out=out, seeds=[1, 2], quick=True, registry=registry)
     assert len(runs) == 4 and not any(r.done for r in runs)
     assert rp.execute(runs, jobs=2, progress=lines.append) == []
     assert all(r.done for r in runs) and "4 done, 0 running, 0 waiting" in lines[-1] and "min left" in lines[-1]
@@ -59,6 +61,42 @@ def test_a_bad_point_fails_before_any_run(tmp_path, registry):
         rp.plan(["nope"], out=tmp_path, seeds=None, quick=False, registry={"bad": bad})
 
 
+def test_blocks_of_an_experiment_can_be_run_alone(tmp_path):
+    runs = rp.plan(["compact-table1-mnist/eps16,eps4"], out=tmp_path, seeds=None, quick=False)
+    assert {r.block for r in runs} == {"eps16", "eps4"} and len(runs) == 2 * len(rp.COMPACT_VARIANTS) * 3
+    full = rp.plan(["compact-table1-mnist"], out=tmp_path, seeds=None, quick=False)
+    assert {r.out for r in runs} <= {r.out for r in full}  # the same folders: the rest can be added later
+    with pytest.raises(ValueError, match="has the blocks eps4, eps8, eps16, eps32"):
+        rp.plan(["compact-table1-mnist/eps17"], out=tmp_path, seeds=None, quick=False)
+
+
+@pytest.mark.slow
+def test_quick_reproduction_of_shipped_experiments(tmp_path):
+    """What CI exercises of ``--quick``: the communication table (compact adaptation with LRSUQ on MNIST) and
+    FedLAG's fixed-K block, through the CLI, to the report."""
+    out = tmp_path / "repro"
+    proc = subprocess.run([sys.executable, "-m", "fedtailor", "reproduce", "compact-comm-mnist",
+                           "fedlag-mnist/fixed-alpha10", "--quick", "--jobs", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "6 done, 0 running, 0 waiting" in proc.stderr
+    comm = list(csv.DictReader((out / "compact-comm-mnist" / "table.csv").open()))
+    assert [r["point"] for r in comm] == ["variant=ours-dg", "variant=dg-q12", "variant=ours-lrsuq"]
+    bits = {r["point"]: float(r["bits_per_coefficient_mean (mean)"]) for r in comm}
+    assert bits["variant=ours-dg"] > 31 and bits["variant=dg-q12"] == pytest.approx(12, abs=0.5)
+    assert bits["variant=ours-lrsuq"] < 2
+    lag = list(csv.DictReader((out / "fedlag-mnist" / "table.csv").open()))
+    assert len(lag) == 3 and all(float(r["seen/accuracy (mean)"]) > 30 for r in lag)  # 10 classes: chance is 10
+    assert "compact-comm-mnist" in (out / "report.html").read_text()
+
+
 def test_every_shipped_experiment_plans(tmp_path):
+    from fedtailor.config import load_config
+
     for name in rp.EXPERIMENTS:
-        assert rp.plan([name], out=tmp_path, seeds=[41], quick=True)
+        runs = rp.plan([name], out=tmp_path, seeds=[41], quick=True)
+        assert runs
+        for run in runs:  # the reduced data still gives every client what an equal-split scheme needs
+            d = load_config(run.config, run.sets).data
+            if d.scheme == "dirichlet-equal" and d.limit:
+                assert d.limit // d.num_clients >= d.context_size / (1 - d.eval_fraction), run.out

@@ -4,7 +4,10 @@ self-contained HTML report.
 An *experiment* is a list of *blocks*; a block is a config file, a grid of overrides (every combination is a
 point) and fixed overrides. Every (point, seed) is an ordinary run directory
 ``OUT/NAME/<block>/<point>/seed<S>``, so an interrupted reproduction resumes: finished runs are skipped,
-unfinished ones continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides.
+unfinished ones continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides
+and runs its first seed only (``--seeds`` gives more).
+``NAME/BLOCK[,BLOCK]`` runs only those blocks of an experiment (``compact-table1-mnist/eps16``); the same
+folders are used, so the rest can be added later.
 ``--jobs N`` runs N processes with one thread each (``OMP_NUM_THREADS=1``), never more than the cores.
 
 Outputs per experiment: ``table.md`` and ``table.csv`` (mean +- std over seeds of the per-client means, per
@@ -67,39 +70,42 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
     return tuple(out)
 
 
+# --quick for compact adaptation: 40 rounds on 25,000 records (500 per client: a client needs context_size /
+# (1 - eval_fraction) = 417 at least)
+COMPACT_QUICK = ("federation.rounds=40", "federation.eval_every=0", "data.limit=25000")
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("compact-table1-mnist", "Compact adaptation, Table 1 on MNIST: Seen/Future accuracy of each variant "
                "at eps 4, 8, 16, 32", tuple(Block(f"eps{e}", f"configs/compact/mnist-eps{e}.toml",
                                                    (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
-               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")),
+               quick=COMPACT_QUICK),
     Experiment("compact-controls-mnist", "Compact adaptation, geometry controls at eps 16 (public context u0)",
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("method.variant", ("direct", "deeplin", "factorized", "radial", "factorized-ctx")),)),),
-               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")),
+               quick=COMPACT_QUICK),
     Experiment("compact-alpha-mnist", "Compact adaptation, Table 2: Dirichlet alpha sweep at eps 16",
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("data.alpha", ("0.1", "0.5", "1.0")),
                        ("method.variant", ("global", "full-dg", "ours-dg", "ours-lrsuq")))),),
-               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")),
+               quick=COMPACT_QUICK),
     Experiment("compact-k-mnist", "Compact adaptation, the k trade-off at eps 16: accuracy, protected uplink and "
                "the realised perturbation norm (diagnostics on: those runs report eps as void)",
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("method.coef_dim", ("4096", "8192", "16384", "32768", "65536")),),
                       ("method.diagnostics=true",)),),
-               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000"),
+               quick=COMPACT_QUICK,
                metrics=("seen/accuracy", "future/accuracy", "uplink_payload_MB", "perturbation_norm_mean")),
     Experiment("compact-comm-mnist", "Compact adaptation, the communication table at eps 16: bits per coefficient, "
                "protected uplink, encode time per release and accuracy of each codec (diagnostics on for the times)",
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq")),), ("method.diagnostics=true",)),),
-               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000"),
+               quick=COMPACT_QUICK,
                metrics=("seen/accuracy", "future/accuracy", "bits_per_coefficient_mean", "uplink_payload_MB",
                         "encode_ms_mean")),
     Experiment("compact-table1-fmnist", "Compact adaptation, Table 1 on Fashion-MNIST (stands in for CIFAR-10)",
                tuple(Block(f"eps{e}", f"configs/compact/fmnist-eps{e}.toml", (("method.variant", COMPACT_VARIANTS),))
                      for e in (4, 8, 16, 32)),
-               quick=("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")),
+               quick=COMPACT_QUICK),
     Experiment("fedlag-mnist", "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
                "(DNN) at Dirichlet alpha 0.1 and 1.0", _fedlag_blocks("mnist-dnn"),
                quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
@@ -146,13 +152,18 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
     from fedtailor.experiment import check_data_name
 
     runs = []
-    for name in names:
+    for spec in names:
+        name, _, only = spec.partition("/")
         if name not in registry:
             raise ValueError(f"unknown experiment {name!r}; `fedtailor reproduce --list` shows them.")
         exp = registry[name]
-        for block in exp.blocks:
+        blocks = [b for b in exp.blocks if not only or b.name in only.split(",")]
+        if only and len(blocks) != len(set(only.split(","))):
+            raise ValueError(f"{spec!r}: {name} has the blocks {', '.join(b.name for b in exp.blocks)}; "
+                             f"name them as {name}/BLOCK[,BLOCK].")
+        for block in blocks:
             for point in block.points():
-                for seed in seeds or exp.seeds:
+                for seed in seeds or (exp.seeds[:1] if quick else exp.seeds):
                     sets = [*block.sets, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
                     try:
                         cfg = load_config(block.config, sets)
