@@ -8,7 +8,7 @@ unfinished ones continue from their checkpoints. ``--quick`` adds the experiment
 and runs its first seed only (``--seeds`` gives more).
 ``NAME/BLOCK[,BLOCK]`` runs only those blocks of an experiment (``compact-table1-mnist/eps16``); the same
 folders are used, so the rest can be added later.
-``--jobs N`` runs N processes with one thread each (``OMP_NUM_THREADS=1``), never more than the cores.
+``--jobs N`` runs N processes of ``cores // N`` threads each (``OMP_NUM_THREADS``), never more than the cores.
 
 Outputs per experiment: ``table.md`` and ``table.csv`` (mean +- std over seeds of the per-client means, per
 point), ``accuracy.png`` (a bar per point with the seed spread), and ``OUT/report.html`` linking every
@@ -73,6 +73,8 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
 # --quick for compact adaptation: 40 rounds on 25,000 records (500 per client: a client needs context_size /
 # (1 - eval_fraction) = 417 at least)
 COMPACT_QUICK = ("federation.rounds=40", "federation.eval_every=0", "data.limit=25000")
+DPO_QUICK = ("federation.rounds=3", "data.pairs_per_client=8", "data.heldout_pairs=4", "federation.eval_every=0")
+DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("compact-table1-mnist", "Compact adaptation, Table 1 on MNIST: Seen/Future accuracy of each variant "
@@ -114,12 +116,18 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                _fedlag_blocks("fmnist-fedavgcnn"),
                quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
                metrics=("seen/accuracy",)),
-    Experiment("pfeddpo-hh", "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2",
-               (Block("methods", "configs/pfeddpo/hh-rlhf.toml",
-                      (("method.name", ("pfeddpo", "feddpo", "dpo-central")),)),),
-               quick=("federation.rounds=3", "data.pairs_per_client=8", "data.heldout_pairs=4",
-                      "federation.eval_every=0"),
-               metrics=("seen/train_accuracy", "seen/accuracy"), seeds=(41,)),
+    Experiment("pfeddpo-hh", "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2 (the "
+               "federated methods log kappa^2 every 10 rounds)",
+               (Block("federated", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("pfeddpo", "feddpo")),),
+                      ("method.diagnostics_every=10",)),
+                Block("central", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("dpo-central",)),))),
+               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,)),
+    Experiment("pfeddpo-ablations", "pFedDPO's LoRA rank and participation S on HH-RLHF with SmolLM2, 20 rounds",
+               (Block("rank", "configs/pfeddpo/hh-rlhf.toml", (("method.lora_rank", ("4", "8", "16")),),
+                      ("federation.rounds=20",)),
+                Block("participation", "configs/pfeddpo/hh-rlhf.toml",
+                      (("federation.clients_per_round", ("2", "3")),), ("federation.rounds=20",))),
+               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,)),
 )}
 
 
@@ -177,13 +185,15 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
 
 def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] = print,
             command: Callable[[Run], list[str]] | None = None) -> list[Run]:
-    """Run what is not finished, ``jobs`` processes at a time (one thread each), with a progress line after each
+    """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress line after each
     start and finish: done / running / left and an estimate of the time left. Returns the runs that failed."""
-    jobs = max(1, min(jobs, os.cpu_count() or 1))
+    cores = os.cpu_count() or 1
+    jobs = max(1, min(jobs, cores))
     todo = [r for r in runs if not r.done]
     done, failed, running = len(runs) - len(todo), [], {}
     durations: list[float] = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    threads = str(cores // jobs)  # jobs x threads never exceeds the cores
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     build = command or _run_command
 
     def line() -> None:

@@ -32,6 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the experiments and their sizes")
     p.add_argument("--quick", action="store_true", help="the reduced scale of each experiment")
     p.add_argument("--seeds", help="override the experiments' seeds, e.g. 41-43")
-    p.add_argument("--jobs", type=int, default=1, help="processes at once, one thread each (at most the cores)")
+    p.add_argument("--jobs", type=int, default=1, help="processes at once, cores // N threads each (at most the cores)")
     p.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="output folder")
     p.set_defaults(func=_reproduce)
