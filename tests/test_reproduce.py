@@ -70,6 +70,39 @@ def test_blocks_of_an_experiment_can_be_run_alone(tmp_path):
         rp.plan(["compact-table1-mnist/eps17"], out=tmp_path, seeds=None, quick=False)
 
 
+def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
+    """Replay's shape: a block reads the run directory of another block's run of the same seed; it starts only
+    once that run has finished, and is not run at all when that run fails."""
+    cfg = registry["tiny"].blocks[0].config
+    exp = rp.Experiment("dep", "x", (rp.Block("late", cfg, sets=('name="{needs}"',), needs="early/lr=0.1"),
+                                     rp.Block("early", cfg, (("method.lr", ("0.1",)),))), seeds=(1, 2))
+    runs = rp.plan(["dep"], out=tmp_path, seeds=None, quick=False, registry={"dep": exp})
+    late = [r for r in runs if r.block == "late"]
+    assert [str(r.after) for r in late] == [str(tmp_path / "dep/early/lr=0.1" / f"seed{s}") for s in (1, 2)]
+    assert f'name="{late[0].after}"' in late[0].sets
+    log = tmp_path / "order.txt"
+
+    def fake(run):  # logs its start, writes a finished results.json, logs its end (seed 2's early fails)
+        fail = run.block == "early" and run.seed == 2
+        code = (f"import json, pathlib, time; open({str(log)!r}, 'a').write('start {run.out}\\n'); time.sleep(0.3); "
+                f"p = pathlib.Path({str(run.out)!r}); p.mkdir(parents=True, exist_ok=True); "
+                + ("raise SystemExit(1)" if fail else
+                   "(p / 'results.json').write_text(json.dumps({'rounds': 1, 'rounds_completed': 1})); "
+                   f"open({str(log)!r}, 'a').write('end {run.out}\\n')"))
+        return [sys.executable, "-c", code]
+
+    lines: list[str] = []
+    failed = rp.execute(runs, jobs=2, progress=lines.append, command=fake)
+    order = log.read_text().splitlines()
+    assert order.index(f"start {late[0].out}") > order.index(f"end {late[0].after}")  # waited, though planned first
+    assert f"start {late[1].out}" not in order  # its prerequisite failed: not run
+    assert {(r.block, r.seed) for r in failed} == {("early", 2), ("late", 2)}
+    assert any("did not finish" in ln for ln in lines)
+    with pytest.raises(ValueError, match="include its block too"):
+        rp.plan(["dep/late"], out=tmp_path / "fresh", seeds=None, quick=False, registry={"dep": exp})
+    assert rp.plan(["dep/late"], out=tmp_path, seeds=[1], quick=False, registry={"dep": exp})  # early seed 1 done
+
+
 @pytest.mark.slow
 def test_quick_reproduction_of_shipped_experiments(tmp_path):
     """What CI exercises of ``--quick``: the communication table (compact adaptation with LRSUQ on MNIST) and

@@ -39,10 +39,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Block:
+    """A config, a grid of overrides and fixed overrides. ``needs`` names another run of the same experiment and
+    seed (``"block/point"``) that must finish first; ``{needs}`` in ``sets`` becomes its run directory (Replay
+    reads the gains of the Factorized run of its seed)."""
+
     name: str
     config: str
     grid: tuple[tuple[str, tuple[str, ...]], ...] = ()
     sets: tuple[str, ...] = ()
+    needs: str | None = None
 
     def points(self) -> list[tuple[tuple[str, str], ...]]:
         return list(itertools.product(*[[(k, v) for v in vals] for k, vals in self.grid])) if self.grid else [()]
@@ -75,16 +80,28 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
 COMPACT_QUICK = ("federation.rounds=40", "federation.eval_every=0", "data.limit=25000")
 DPO_QUICK = ("federation.rounds=3", "data.pairs_per_client=8", "data.heldout_pairs=4", "federation.eval_every=0")
 DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
+def _controls_blocks(config: str) -> tuple[Block, ...]:
+    """The geometry controls at the config's eps and without noise (eps = inf); Replay applies the per-round gains
+    of the Factorized run of the same seed and noise."""
+    controls = (("method.variant", ("direct", "deeplin", "factorized", "radial", "factorized-ctx")),)
+    replay = (("method.variant", ("replay",)),)
+    out = []
+    for name, sets in (("eps16", ()), ("noiseless", ("method.privacy.epsilon=inf",))):
+        out += [Block(name, config, controls, sets),
+                Block(f"{name}-replay", config, replay, (*sets, 'method.replay_from="{needs}"'),
+                      needs=f"{name}/variant=factorized")]
+    return tuple(out)
+
+
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("compact-table1-mnist", "Compact adaptation, Table 1 on MNIST: Seen/Future accuracy of each variant "
                "at eps 4, 8, 16, 32", tuple(Block(f"eps{e}", f"configs/compact/mnist-eps{e}.toml",
                                                    (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
                quick=COMPACT_QUICK),
-    Experiment("compact-controls-mnist", "Compact adaptation, geometry controls at eps 16 (public context u0)",
-               (Block("eps16", "configs/compact/mnist-eps16.toml",
-                      (("method.variant", ("direct", "deeplin", "factorized", "radial", "factorized-ctx")),)),),
-               quick=COMPACT_QUICK),
+    Experiment("compact-controls-mnist", "Compact adaptation, the geometry controls (public context u0; "
+               "Factorized+ctx restores the private context) at eps 16 and without noise",
+               _controls_blocks("configs/compact/mnist-eps16.toml"), quick=COMPACT_QUICK),
     Experiment("compact-alpha-mnist", "Compact adaptation, Table 2: Dirichlet alpha sweep at eps 16",
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("data.alpha", ("0.1", "0.5", "1.0")),
@@ -140,14 +157,19 @@ class Run:
     config: str
     sets: list[str]
     out: Path
+    after: Path | None = None  # a run directory that must be finished first
 
     @property
     def done(self) -> bool:
-        f = self.out / "results.json"
-        if not f.exists():
-            return False
-        r = json.loads(f.read_text())
-        return r.get("rounds_completed") == r.get("rounds")
+        return _finished(self.out)
+
+
+def _finished(out: Path) -> bool:
+    f = out / "results.json"
+    if not f.exists():
+        return False
+    r = json.loads(f.read_text())
+    return r.get("rounds_completed") == r.get("rounds")
 
 
 def slug(point: tuple[tuple[str, str], ...]) -> str:
@@ -169,17 +191,27 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
         if only and len(blocks) != len(set(only.split(","))):
             raise ValueError(f"{spec!r}: {name} has the blocks {', '.join(b.name for b in exp.blocks)}; "
                              f"name them as {name}/BLOCK[,BLOCK].")
+        known = {f"{b.name}/{slug(p)}" for b in exp.blocks for p in b.points()}
         for block in blocks:
+            if block.needs is not None and block.needs not in known:
+                raise ValueError(f"{name}/{block.name} needs {block.needs!r}, which is not a run of {name}.")
             for point in block.points():
                 for seed in seeds or (exp.seeds[:1] if quick else exp.seeds):
-                    sets = [*block.sets, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
+                    after = out / name / block.needs / f"seed{seed}" if block.needs else None
+                    fixed = [v.replace("{needs}", str(after)) for v in block.sets]
+                    sets = [*fixed, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
                     try:
                         cfg = load_config(block.config, sets)
                         check_data_name(cfg)
                     except ValueError as err:
                         raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
                     runs.append(Run(name, block.name, point, seed, block.config, sets,
-                                    out / name / block.name / slug(point) / f"seed{seed}"))
+                                    out / name / block.name / slug(point) / f"seed{seed}", after))
+    planned = {r.out for r in runs}
+    for r in runs:
+        if r.after is not None and r.after not in planned and not _finished(r.after):
+            raise ValueError(f"{r.experiment}/{r.block} needs the run {r.after}; include its block too "
+                             f"(e.g. {r.experiment} without /BLOCK).")
     return runs
 
 
@@ -202,10 +234,13 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
         progress(f"reproduce: {done} done, {len(running)} running, {left - len(running)} waiting"
                  + (f", about {eta / 60:.1f} min left" if durations else ""))
 
+    def ready() -> Run | None:  # the first waiting run whose prerequisite has finished
+        return next((r for r in todo if r.after is None or _finished(r.after)), None)
+
     line()
     while todo or running:
-        while todo and len(running) < jobs:
-            run = todo.pop(0)
+        while len(running) < jobs and (run := ready()) is not None:
+            todo.remove(run)
             run.out.parent.mkdir(parents=True, exist_ok=True)
             logf = open(run.out.parent / f"{run.out.name}.log", "w")  # noqa: SIM115 - closed when the run ends
             running[subprocess.Popen(build(run), env=env, stdout=logf, stderr=subprocess.STDOUT)] = (run, time.time(), logf)
@@ -222,6 +257,12 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
                 progress(f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} failed "
                          f"(exit {proc.returncode}); see {run.out.parent / (run.out.name + '.log')}")
             line()
+        if todo and not running and ready() is None:  # what is left waits for runs that failed
+            for run in todo:
+                failed.append(run)
+                progress(f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} not run: "
+                         f"{run.after} did not finish")
+            todo.clear()
     return failed
 
 
