@@ -20,7 +20,8 @@ def registry(tmp_path):
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_TOML)
     exp = rp.Experiment("tiny", "FedAvg on digits at two learning rates", (
-        rp.Block("lr", str(cfg), (("method.lr", ("0.05", "0.2")),)),), quick=("federation.rounds=2",), seeds=(1, 2))
+        rp.Block("lr", str(cfg), (("method.lr", ("0.05", "0.2")),)),), quick=("federation.rounds=2",), seeds=(1, 2),
+        x_axis="lr")
     return {"tiny": exp}
 
 
@@ -40,7 +41,7 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
             ["summary"]["seen/accuracy"] for s in (1, 2)]
     assert float(rows[0]["seen/accuracy (mean)"]) == pytest.approx(sum(accs) / 2)
     report = rp.html_report(folders, out=out, registry=registry)
-    assert (folders[0] / "table.md").exists() and (folders[0] / "accuracy.png").exists()
+    assert all((folders[0] / f).exists() for f in ("table.md", "accuracy.png", "trend.png"))
     # a second call skips every finished run
     assert rp.execute(runs, jobs=2, progress=lines.append,
                       command=lambda run: pytest.fail("finished runs must be skipped")) == []
@@ -50,7 +51,7 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
     dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
                           "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert dom.count("<tr>") >= 3 and "lr=0.2" in dom  # the table rendered with its rows
-    assert 'data-images-loaded="1"' in dom  # and its plot decoded
+    assert 'data-images-loaded="2"' in dom  # and its plots decoded
 
 
 def test_a_bad_point_fails_before_any_run(tmp_path, registry):

@@ -11,7 +11,8 @@ folders are used, so the rest can be added later.
 ``--jobs N`` runs N processes of ``cores // N`` threads each (``OMP_NUM_THREADS``), never more than the cores.
 
 Outputs per experiment: ``table.md`` and ``table.csv`` (mean +- std over seeds of the per-client means, per
-point), ``accuracy.png`` (a bar per point with the seed spread), and ``OUT/report.html`` linking every
+point), ``accuracy.png`` (a bar per point with the seed spread), ``trend.png`` where the experiment has a numeric
+axis (each metric against eps, alpha or k, as the papers' figures), and ``OUT/report.html`` linking every
 experiment with its tables and images inline (one file, no external resources).
 """
 
@@ -24,6 +25,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,6 +63,10 @@ class Experiment:
     quick: tuple[str, ...] = ()  # overrides of --quick
     metrics: tuple[str, ...] = ("seen/accuracy", "future/accuracy")
     seeds: tuple[int, ...] = (41, 42, 43)
+    # a numeric axis for trend.png (each metric against it, one line per other point value), as the papers' figures:
+    # a grid key's last part ("coef_dim", "alpha") or "block" (the number in the block name, e.g. eps16 -> 16)
+    x_axis: str | None = None
+    log_x: bool = False
 
 
 def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
@@ -98,7 +104,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("compact-table1-mnist", "Compact adaptation, Table 1 on MNIST: Seen/Future accuracy of each variant "
                "at eps 4, 8, 16, 32", tuple(Block(f"eps{e}", f"configs/compact/mnist-eps{e}.toml",
                                                    (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
-               quick=COMPACT_QUICK),
+               quick=COMPACT_QUICK, x_axis="block", log_x=True),
     Experiment("compact-controls-mnist", "Compact adaptation, the geometry controls (public context u0; "
                "Factorized+ctx restores the private context) at eps 16 and without noise",
                _controls_blocks("configs/compact/mnist-eps16.toml"), quick=COMPACT_QUICK),
@@ -106,13 +112,13 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("data.alpha", ("0.1", "0.5", "1.0")),
                        ("method.variant", ("global", "full-dg", "ours-dg", "ours-lrsuq")))),),
-               quick=COMPACT_QUICK),
+               quick=COMPACT_QUICK, x_axis="alpha", log_x=True),
     Experiment("compact-k-mnist", "Compact adaptation, the k trade-off at eps 16: accuracy, protected uplink and "
                "the realised perturbation norm (diagnostics on: those runs report eps as void)",
                (Block("eps16", "configs/compact/mnist-eps16.toml",
                       (("method.coef_dim", ("4096", "8192", "16384", "32768", "65536")),),
                       ("method.diagnostics=true",)),),
-               quick=COMPACT_QUICK,
+               quick=COMPACT_QUICK, x_axis="coef_dim", log_x=True,
                metrics=("seen/accuracy", "future/accuracy", "uplink_payload_MB", "perturbation_norm_mean")),
     Experiment("compact-comm-mnist", "Compact adaptation, the communication table at eps 16: bits per coefficient, "
                "protected uplink, encode time per release and accuracy of each codec (diagnostics on for the times)",
@@ -124,7 +130,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("compact-table1-fmnist", "Compact adaptation, Table 1 on Fashion-MNIST (stands in for CIFAR-10)",
                tuple(Block(f"eps{e}", f"configs/compact/fmnist-eps{e}.toml", (("method.variant", COMPACT_VARIANTS),))
                      for e in (4, 8, 16, 32)),
-               quick=COMPACT_QUICK),
+               quick=COMPACT_QUICK, x_axis="block", log_x=True),
     Experiment("fedlag-mnist", "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
                "(DNN) at Dirichlet alpha 0.1 and 1.0", _fedlag_blocks("mnist-dnn"),
                quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
@@ -307,6 +313,8 @@ def tables(runs: list[Run], *, out: Path, registry: dict[str, Experiment] = EXPE
             writer.writeheader()
             writer.writerows(rows)
         _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
+        if exp.x_axis and rows:
+            _trend_plot(rows, exp, folder / "trend.png")
         folders.append(folder)
     return folders
 
@@ -334,6 +342,43 @@ def _bar_plot(rows: list[dict], metrics: tuple[str, ...], path: Path, *, title: 
     plt.close(fig)
 
 
+def _trend_plot(rows: list[dict], exp: Experiment, path: Path) -> None:
+    """Each metric against ``exp.x_axis``, one line (with the seed spread) per value of the other grid keys."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def split(row: dict) -> tuple[float, str]:
+        point = dict(kv.split("=", 1) for kv in row["point"].split("_") if "=" in kv)
+        if exp.x_axis == "block":
+            return float(re.sub(r"[^0-9.]", "", row["block"]) or "nan"), row["point"]
+        x = float(point.pop(exp.x_axis))
+        return x, "_".join(f"{k}={v}" for k, v in point.items()) or row["block"]
+
+    metrics = [m for m in exp.metrics if any(m + " (mean)" in r for r in rows)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
+    lines: dict[str, list[tuple[float, dict]]] = {}
+    for row in rows:
+        x, label = split(row)
+        lines.setdefault(label, []).append((x, row))
+    for ax, m in zip(axes[0], metrics):
+        for label, pts in lines.items():
+            pts = sorted(((x, r) for x, r in pts if m + " (mean)" in r), key=lambda t: t[0])
+            ax.errorbar([x for x, _ in pts], [r[m + " (mean)"] for _, r in pts], yerr=[r[m + " (std)"] for _, r in pts],
+                        marker="o", capsize=2, label=label)
+        ax.set_xlabel("eps" if exp.x_axis == "block" else exp.x_axis)
+        ax.set_ylabel(m + (" (%)" if m.endswith("accuracy") else ""))
+        if exp.log_x:
+            ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(exp.name, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def html_report(folders: list[Path], *, out: Path, registry: dict[str, Experiment] = EXPERIMENTS) -> Path:
     """One self-contained HTML page: each experiment's description, table and plot (images inlined)."""
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fedtailor reproduction</title>",
@@ -349,10 +394,10 @@ def html_report(folders: list[Path], *, out: Path, registry: dict[str, Experimen
         parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
         parts.append("</table>")
-        png = folder / "accuracy.png"
-        if png.exists():
-            data = base64.b64encode(png.read_bytes()).decode()
-            parts.append(f"<p><img alt='{html.escape(exp.name)} accuracy' src='data:image/png;base64,{data}'></p>")
+        for png in (folder / "accuracy.png", folder / "trend.png"):
+            if png.exists():
+                data = base64.b64encode(png.read_bytes()).decode()
+                parts.append(f"<p><img alt='{html.escape(exp.name)} {png.stem}' src='data:image/png;base64,{data}'></p>")
     # a rendering check for browsers and tests: how many images decoded
     parts.append("<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images-loaded',"
                  "[...document.images].filter(i=>i.naturalWidth>0).length)});</script>")
