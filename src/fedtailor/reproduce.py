@@ -81,11 +81,16 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
     return tuple(out)
 
 
-# --quick for compact adaptation: 40 rounds on 25,000 records (500 per client: a client needs context_size /
+# --quick for compact adaptation: 20 rounds on 25,000 records (500 per client: a client needs context_size /
 # (1 - eval_fraction) = 417 at least)
-COMPACT_QUICK = ("federation.rounds=40", "federation.eval_every=0", "data.limit=25000")
-DPO_QUICK = ("federation.rounds=3", "data.pairs_per_client=8", "data.heldout_pairs=4", "federation.eval_every=0")
+COMPACT_QUICK = ("federation.rounds=20", "federation.eval_every=0", "data.limit=25000")
+# --quick for pFedDPO: 2 rounds of one local step on 8 pairs per client
+DPO_QUICK = ("federation.rounds=2", "method.local_steps=1", "data.pairs_per_client=8", "data.heldout_pairs=4",
+             "federation.eval_every=0")
 DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
+COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
+
+
 def _controls_blocks(config: str) -> tuple[Block, ...]:
     """The geometry controls at the config's eps and without noise (eps = inf); Replay applies the per-round gains
     of the Factorized run of the same seed and noise."""
@@ -99,38 +104,40 @@ def _controls_blocks(config: str) -> tuple[Block, ...]:
     return tuple(out)
 
 
-COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
+def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
+    """The compact-adaptation paper's experiments on ``configs/compact/<data>-eps*.toml``."""
+    eps16 = f"configs/compact/{data}-eps16.toml"
+    head = f"Compact adaptation on {label}"
+    return (
+        Experiment(f"compact-table1-{data}", f"{head}, Table 1: Seen/Future accuracy of each variant at eps 4, 8, "
+                   "16, 32", tuple(Block(f"eps{e}", f"configs/compact/{data}-eps{e}.toml",
+                                         (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
+                   quick=COMPACT_QUICK, x_axis="block", log_x=True),
+        Experiment(f"compact-controls-{data}", f"{head}, the geometry controls (public context u0; Factorized+ctx "
+                   "restores the private context) at eps 16 and without noise", _controls_blocks(eps16),
+                   quick=COMPACT_QUICK),
+        Experiment(f"compact-alpha-{data}", f"{head}, Table 2: Dirichlet alpha sweep at eps 16",
+                   (Block("eps16", eps16, (("data.alpha", ("0.1", "0.5", "1.0")),
+                                           ("method.variant", ("global", "full-dg", "ours-dg", "ours-lrsuq")))),),
+                   quick=COMPACT_QUICK, x_axis="alpha", log_x=True),
+        Experiment(f"compact-k-{data}", f"{head}, the k trade-off at eps 16: accuracy, protected uplink and the "
+                   "realised perturbation norm (diagnostics on: those runs report eps as void)",
+                   (Block("eps16", eps16, (("method.coef_dim", ("4096", "8192", "16384", "32768", "65536")),),
+                          ("method.diagnostics=true",)),),
+                   quick=COMPACT_QUICK, x_axis="coef_dim", log_x=True,
+                   metrics=("seen/accuracy", "future/accuracy", "uplink_payload_MB", "perturbation_norm_mean")),
+        Experiment(f"compact-comm-{data}", f"{head}, the communication table at eps 16: bits per coefficient, "
+                   "protected uplink, encode time per release and accuracy of each codec (diagnostics on for the "
+                   "times)", (Block("eps16", eps16, (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq")),),
+                                    ("method.diagnostics=true",)),),
+                   quick=COMPACT_QUICK, metrics=("seen/accuracy", "future/accuracy", "bits_per_coefficient_mean",
+                                                 "uplink_payload_MB", "encode_ms_mean")),
+    )
+
+
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    Experiment("compact-table1-mnist", "Compact adaptation, Table 1 on MNIST: Seen/Future accuracy of each variant "
-               "at eps 4, 8, 16, 32", tuple(Block(f"eps{e}", f"configs/compact/mnist-eps{e}.toml",
-                                                   (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
-               quick=COMPACT_QUICK, x_axis="block", log_x=True),
-    Experiment("compact-controls-mnist", "Compact adaptation, the geometry controls (public context u0; "
-               "Factorized+ctx restores the private context) at eps 16 and without noise",
-               _controls_blocks("configs/compact/mnist-eps16.toml"), quick=COMPACT_QUICK),
-    Experiment("compact-alpha-mnist", "Compact adaptation, Table 2: Dirichlet alpha sweep at eps 16",
-               (Block("eps16", "configs/compact/mnist-eps16.toml",
-                      (("data.alpha", ("0.1", "0.5", "1.0")),
-                       ("method.variant", ("global", "full-dg", "ours-dg", "ours-lrsuq")))),),
-               quick=COMPACT_QUICK, x_axis="alpha", log_x=True),
-    Experiment("compact-k-mnist", "Compact adaptation, the k trade-off at eps 16: accuracy, protected uplink and "
-               "the realised perturbation norm (diagnostics on: those runs report eps as void)",
-               (Block("eps16", "configs/compact/mnist-eps16.toml",
-                      (("method.coef_dim", ("4096", "8192", "16384", "32768", "65536")),),
-                      ("method.diagnostics=true",)),),
-               quick=COMPACT_QUICK, x_axis="coef_dim", log_x=True,
-               metrics=("seen/accuracy", "future/accuracy", "uplink_payload_MB", "perturbation_norm_mean")),
-    Experiment("compact-comm-mnist", "Compact adaptation, the communication table at eps 16: bits per coefficient, "
-               "protected uplink, encode time per release and accuracy of each codec (diagnostics on for the times)",
-               (Block("eps16", "configs/compact/mnist-eps16.toml",
-                      (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq")),), ("method.diagnostics=true",)),),
-               quick=COMPACT_QUICK,
-               metrics=("seen/accuracy", "future/accuracy", "bits_per_coefficient_mean", "uplink_payload_MB",
-                        "encode_ms_mean")),
-    Experiment("compact-table1-fmnist", "Compact adaptation, Table 1 on Fashion-MNIST (stands in for CIFAR-10)",
-               tuple(Block(f"eps{e}", f"configs/compact/fmnist-eps{e}.toml", (("method.variant", COMPACT_VARIANTS),))
-                     for e in (4, 8, 16, 32)),
-               quick=COMPACT_QUICK, x_axis="block", log_x=True),
+    *_compact_experiments("mnist", "MNIST"),
+    *_compact_experiments("fmnist", "Fashion-MNIST (stands in for CIFAR-10)"),
     Experiment("fedlag-mnist", "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
                "(DNN) at Dirichlet alpha 0.1 and 1.0", _fedlag_blocks("mnist-dnn"),
                quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
@@ -410,8 +417,8 @@ def html_report(folders: list[Path], *, out: Path, registry: dict[str, Experimen
 def listing(registry: dict[str, Experiment] = EXPERIMENTS) -> str:
     lines = []
     for exp in registry.values():
-        n = sum(len(b.points()) for b in exp.blocks) * len(exp.seeds)
-        lines.append(f"{exp.name:24s} {n:4d} runs  {exp.description}")
+        points = sum(len(b.points()) for b in exp.blocks)
+        lines.append(f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick)  {exp.description}")
     return "\n".join(lines)
 
 
