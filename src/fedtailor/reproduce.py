@@ -6,7 +6,7 @@ point) and fixed overrides. Every (point, seed) is an ordinary run directory
 ``OUT/NAME/<block>/<point>/seed<S>``, so an interrupted reproduction resumes: finished runs are skipped,
 unfinished ones continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides
 and runs its first seed only (``--seeds`` gives more).
-``NAME/BLOCK[,BLOCK]`` runs only those blocks of an experiment (``compact-table1-mnist/eps16``); the same
+``all`` names every experiment; ``NAME/BLOCK[,BLOCK]`` runs only those blocks of an experiment (``compact-table1-mnist/eps16``); the same
 folders are used, so the rest can be added later.
 ``--jobs N`` runs N processes of ``cores // N`` threads each (``OMP_NUM_THREADS``), never more than the cores.
 
@@ -195,7 +195,7 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
     from fedtailor.experiment import check_data_name
 
     runs = []
-    for spec in names:
+    for spec in [n for name in names for n in (registry if name == "all" else [name])]:
         name, _, only = spec.partition("/")
         if name not in registry:
             raise ValueError(f"unknown experiment {name!r}; `fedtailor reproduce --list` shows them.")

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reproduce", help="run the papers' experiments: tables, plots, an HTML report",
                        description="Run named experiments (see --list). Finished runs are skipped and unfinished "
                                    "ones resumed, so an interrupted reproduction continues where it stopped.")
-    p.add_argument("names", nargs="*", help="experiments to run (see --list)")
+    p.add_argument("names", nargs="*", help="experiments to run (see --list; 'all' for every one, NAME/BLOCK for one block)")
     p.add_argument("--list", action="store_true", help="list the experiments and their sizes")
     p.add_argument("--quick", action="store_true", help="the reduced scale of each experiment")
     p.add_argument("--seeds", help="override the experiments' seeds, e.g. 41-43")
