@@ -116,16 +116,21 @@ def lora_targets(model: Any) -> tuple[str, ...]:
 
 
 def add_lora(model: Any, *, rank: int = 8, alpha: int = 16, targets: tuple[str, ...] | None = None,
-             dropout: float = 0.0) -> Any:
+             dropout: float = 0.0, seed: int = 0) -> Any:
     """Wrap ``model`` with one LoRA adapter (PEFT) on its attention projections; the base stays trainable (pFedDPO
-    trains base and adapter jointly). Returns the PEFT model."""
+    trains base and adapter jointly). PEFT draws the A matrices from torch's global generator; they are drawn
+    here from ``seed`` alone (the global generator is left as it was), so the adapter's initialisation is public,
+    seeded randomness and a run reproduces. Returns the PEFT model."""
+    import torch
     from peft import LoraConfig, get_peft_model
 
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}.")
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets or lora_targets(model)),
                         bias="none", task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, config)
+    with torch.random.fork_rng():  # CPU and every CUDA device's generator (PEFT initialises on the model's device)
+        torch.manual_seed(seed)
+        peft_model = get_peft_model(model, config)
     for name, p in peft_model.named_parameters():
         p.requires_grad_(True)  # base and adapter both train; which part is uploaded is the method's business
     return peft_model

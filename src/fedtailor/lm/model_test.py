@@ -28,6 +28,22 @@ def test_lora_adapts_only_the_attention_projections_and_starts_as_the_base():
         add_lora(tiny_llama(), rank=0)
 
 
+def test_the_adapter_initialisation_comes_from_its_seed_alone():
+    """PEFT draws LoRA's A from torch's global generator; add_lora draws it from its seed (a pFedDPO run
+    reproduces from its config) and leaves the global generator where it was."""
+    def adapters(seed: int) -> dict[str, torch.Tensor]:
+        torch.rand(3)  # a different global state before each build
+        return {n: p.detach().clone() for n, p in add_lora(tiny_llama(seed=1), rank=4, seed=seed).named_parameters()
+                if "lora_A" in n}
+
+    first, again, other = adapters(5), adapters(5), adapters(6)
+    assert first and all(torch.equal(first[n], again[n]) for n in first)
+    assert not any(torch.equal(first[n], other[n]) for n in first)
+    state = torch.get_rng_state()
+    add_lora(tiny_llama(seed=1), rank=4, seed=5)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 @pytest.mark.slow
 def test_smollm2_conversion_keeps_the_logits_and_reloads(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM

@@ -36,7 +36,7 @@ import torch
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
 from fedtailor.lm.training import dpo_on, evaluate_pairs, reference_logprobs
-from fedtailor.rng import torch_generator
+from fedtailor.rng import derive_seed, torch_generator
 
 Params = dict[str, torch.Tensor]
 DIAG = "diag/"
@@ -94,7 +94,8 @@ class PFedDPO(Method[DPOServer, DPOClient]):
 
         self.personal = personal
         self.name = "pfeddpo" if personal else "feddpo"
-        self.model = add_lora(model, rank=lora_rank, alpha=lora_alpha) if personal else model
+        self.model = (add_lora(model, rank=lora_rank, alpha=lora_alpha, seed=derive_seed(seed, "lora-init"))
+                      if personal else model)
         self.params = dict(self.model.named_parameters())
         self.adapter_names = tuple(n for n in self.params if "lora_" in n)
         self.base_names = tuple(n for n in self.params if "lora_" not in n)
