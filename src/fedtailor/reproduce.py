@@ -87,6 +87,7 @@ COMPACT_QUICK = ("federation.rounds=20", "federation.eval_every=0", "data.limit=
 # --quick for pFedDPO: 2 rounds of one local step on 8 pairs per client
 DPO_QUICK = ("federation.rounds=2", "method.local_steps=1", "data.pairs_per_client=8", "data.heldout_pairs=4",
              "federation.eval_every=0")
+FMNIST_REDUCED = ("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")
 DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
 
@@ -146,6 +147,17 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                _fedlag_blocks("fmnist-fedavgcnn"),
                quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
                metrics=("seen/accuracy",)),
+    Experiment("fedlag-fmnist-reduced", "FedLAG on Fashion-MNIST (FedAvgCNN) at the scale this 2-core CPU fits: "
+               "FedAvg, FedPer and Ditto with and without FedLAG and fixed Last-K, 40 rounds (warm-up 20) on 20,000 "
+               "records, at alpha 0.1 and 1.0",
+               tuple(b for a in ("01", "10") for b in (
+                   Block(f"main-alpha{a}", f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
+                         (("method.name", ("fedavg", "fedper", "ditto")), ("method.fedlag.top_k", ("0", "2"))),
+                         FMNIST_REDUCED),
+                   Block(f"fixed-alpha{a}", f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
+                         (("method.fedlag.choice", ("last",)),), FMNIST_REDUCED))),
+               quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
+               metrics=("seen/accuracy",), seeds=(41, 42)),
     Experiment("pfeddpo-hh", "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2 (the "
                "federated methods log kappa^2 every 10 rounds)",
                (Block("federated", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("pfeddpo", "feddpo")),),
