@@ -130,7 +130,9 @@ def test_every_shipped_experiment_plans(tmp_path):
     every = rp.plan(["all"], out=tmp_path, seeds=None, quick=True)
     assert len(every) == sum(len(b.points()) for e in rp.EXPERIMENTS.values() for b in e.blocks)  # one seed each
 
-    for name in rp.EXPERIMENTS:
+    for name, exp in rp.EXPERIMENTS.items():
+        if exp.x_axis not in (None, "block"):  # trend.png needs the axis in every point
+            assert all(any(k.split(".")[-1] == exp.x_axis for k, _ in b.grid) for b in exp.blocks), name
         runs = rp.plan([name], out=tmp_path, seeds=[41], quick=True)
         assert runs
         for run in runs:  # the reduced data still gives every client what an equal-split scheme needs

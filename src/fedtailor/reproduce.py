@@ -164,12 +164,15 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                       ("method.diagnostics_every=10",)),
                 Block("central", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("dpo-central",)),))),
                quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,)),
-    Experiment("pfeddpo-ablations", "pFedDPO's LoRA rank and participation S on HH-RLHF with SmolLM2, 20 rounds",
+    Experiment("pfeddpo-rank", "pFedDPO's LoRA rank (4, 8, 16) on HH-RLHF with SmolLM2, 20 rounds",
                (Block("rank", "configs/pfeddpo/hh-rlhf.toml", (("method.lora_rank", ("4", "8", "16")),),
-                      ("federation.rounds=20",)),
-                Block("participation", "configs/pfeddpo/hh-rlhf.toml",
-                      (("federation.clients_per_round", ("2", "3")),), ("federation.rounds=20",))),
-               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,)),
+                      ("federation.rounds=20",)),),
+               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,), x_axis="lora_rank", log_x=True),
+    Experiment("pfeddpo-participation", "pFedDPO with S = 2, 3, 5 of the 5 clients per round on HH-RLHF with "
+               "SmolLM2, 20 rounds", (Block("participation", "configs/pfeddpo/hh-rlhf.toml",
+                                            (("federation.clients_per_round", ("2", "3", "5")),),
+                                            ("federation.rounds=20",)),),
+               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,), x_axis="clients_per_round"),
 )}
 
 
@@ -372,6 +375,8 @@ def _trend_plot(rows: list[dict], exp: Experiment, path: Path) -> None:
         point = dict(kv.split("=", 1) for kv in row["point"].split("_") if "=" in kv)
         if exp.x_axis == "block":
             return float(re.sub(r"[^0-9.]", "", row["block"]) or "nan"), row["point"]
+        if exp.x_axis not in point:
+            raise ValueError(f"{exp.name}: the point {row['point']!r} has no {exp.x_axis!r} to plot against.")
         x = float(point.pop(exp.x_axis))
         return x, "_".join(f"{k}={v}" for k, v in point.items()) or row["block"]
 
