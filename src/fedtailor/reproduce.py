@@ -5,9 +5,9 @@ An *experiment* is a list of *blocks*; a block is a config file, a grid of overr
 point) and fixed overrides. Every (point, seed) is an ordinary run directory
 ``OUT/NAME/<block>/<point>/seed<S>``, so an interrupted reproduction resumes: finished runs are skipped,
 unfinished ones continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides
-and runs its first seed only (``--seeds`` gives more).
-``all`` names every experiment; ``NAME/BLOCK[,BLOCK]`` runs only those blocks of an experiment (``compact-table1-mnist/eps16``); the same
-folders are used, so the rest can be added later.
+and runs its first seed only (``--seeds`` gives more). ``all`` names every experiment; ``NAME/BLOCK[,BLOCK]``
+runs only those blocks of an experiment (``compact-table1-mnist/eps16``) in the same folders, so the rest can be
+added later.
 ``--jobs N`` runs N processes of ``cores // N`` threads each (``OMP_NUM_THREADS``), never more than the cores.
 
 Outputs per experiment: ``table.md`` and ``table.csv`` (mean +- std over seeds of the per-client means, per
@@ -233,8 +233,9 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
                         check_data_name(cfg)
                     except ValueError as err:
                         raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
-                    runs.append(Run(name, block.name, point, seed, block.config, sets,
-                                    out / name / block.name / slug(point) / f"seed{seed}", after))
+                    run_dir = out / name / block.name / slug(point) / f"seed{seed}"
+                    if all(r.out != run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
+                        runs.append(Run(name, block.name, point, seed, block.config, sets, run_dir, after))
     planned = {r.out for r in runs}
     for r in runs:
         if r.after is not None and r.after not in planned and not _finished(r.after):
@@ -245,8 +246,9 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
 
 def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] = print,
             command: Callable[[Run], list[str]] | None = None) -> list[Run]:
-    """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress line after each
-    start and finish: done / running / left and an estimate of the time left. Returns the runs that failed."""
+    """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
+    line after each start and finish: done / running / left and an estimate of the time left. Returns the runs
+    that failed."""
     cores = os.cpu_count() or 1
     jobs = max(1, min(jobs, cores))
     todo = [r for r in runs if not r.done]
