@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import TINY_TOML
@@ -60,6 +61,12 @@ def test_a_bad_point_fails_before_any_run(tmp_path, registry):
         rp.plan(["bad"], out=tmp_path, seeds=None, quick=False, registry={"bad": bad})
     with pytest.raises(ValueError, match="unknown experiment"):
         rp.plan(["nope"], out=tmp_path, seeds=None, quick=False, registry={"bad": bad})
+
+
+def test_shipped_experiments_plan_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = rp.plan(["compact-comm-mnist"], out=tmp_path, seeds=[41], quick=True)
+    assert all(Path(r.config).is_absolute() and Path(r.config).exists() for r in runs)
 
 
 def test_blocks_of_an_experiment_can_be_run_alone(tmp_path):

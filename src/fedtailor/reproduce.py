@@ -200,6 +200,15 @@ def _finished(out: Path) -> bool:
     return r.get("rounds_completed") == r.get("rounds")
 
 
+def _config_path(config: str) -> str:
+    """A block's config as given if it exists from here, else inside the fedtailor checkout this module runs from
+    (``configs/...`` beside ``src/``), so a reproduction starts from any directory."""
+    if Path(config).exists():
+        return config
+    beside = Path(__file__).resolve().parents[2] / config
+    return str(beside) if beside.exists() else config
+
+
 def slug(point: tuple[tuple[str, str], ...]) -> str:
     return "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in point) or "base"
 
@@ -229,13 +238,13 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
                     fixed = [v.replace("{needs}", str(after)) for v in block.sets]
                     sets = [*fixed, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
                     try:
-                        cfg = load_config(block.config, sets)
+                        cfg = load_config(config := _config_path(block.config), sets)
                         check_data_name(cfg)
                     except ValueError as err:
                         raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
                     run_dir = out / name / block.name / slug(point) / f"seed{seed}"
                     if all(r.out != run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
-                        runs.append(Run(name, block.name, point, seed, block.config, sets, run_dir, after))
+                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, after))
     planned = {r.out for r in runs}
     for r in runs:
         if r.after is not None and r.after not in planned and not _finished(r.after):
