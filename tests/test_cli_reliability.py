@@ -60,6 +60,20 @@ def test_resume_names_the_changed_keys_and_refuses_a_directory_without_config(tm
     assert "drop --resume" in err
 
 
+def test_a_run_written_before_a_field_existed_still_resumes(tmp_path, capsys, tiny):
+    """A config saved by an older fedtailor lacks the fields added since; at their defaults they are no
+    difference, given another value they are."""
+    out = tmp_path / "run"
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    del saved["data"]["max_length"], saved["method"]["momentum"]  # as if written before these fields existed
+    (out / "config.json").write_text(json.dumps(saved))
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--resume", "--set", "data.max_length=32"])
+    assert "data.max_length (was None, now 32)" in err and "momentum" not in err
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--resume"]) == 0
+    assert json.loads((out / "results.json").read_text())["rounds_completed"] == 4
+
+
 def test_divergence_is_an_error_not_a_result(tmp_path, capsys, tiny):
     out = tmp_path / "run"
     err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", "--set", "method.lr=1e12"])

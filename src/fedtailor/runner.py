@@ -48,19 +48,32 @@ def write_json(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def config_differences(saved: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two resolved configs, with both values."""
+def config_differences(saved: dict[str, Any], new: dict[str, Any], prefix: str = "", *,
+                       defaults: dict[str, Any] | None = None) -> list[str]:
+    """Dotted keys whose values differ between two resolved configs, with both values. With ``defaults`` (the
+    new config's sections at their default values), a key the saved config lacks (it was written before that
+    field existed) is no difference when the new value is that field's default."""
     out = []
     for key in sorted(set(saved) | set(new)):
         a, b, name = saved.get(key), new.get(key), f"{prefix}{key}"
+        d = (defaults or {}).get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, name + ".")
+            out += config_differences(a, b, name + ".", defaults=d if isinstance(d, dict) else None)
+        elif key not in saved and defaults is not None and key in defaults and b == d:
+            continue
         elif a != b:
             out.append(f"{name} (was {a!r}, now {b!r})")
     return out
 
 
-def _check_out(out: Path, cfg_text: str, *, resume: bool) -> bool:
+def _defaults_of(cfg: RunConfig) -> dict[str, Any]:
+    """``cfg``'s sections (their classes: the method named in it) with every field at its default."""
+    return {"data": type(cfg.data)().model_dump(mode="json"),
+            "federation": type(cfg.federation)().model_dump(mode="json"),
+            "method": type(cfg.method)().model_dump(mode="json")}
+
+
+def _check_out(out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, Any] | None = None) -> bool:
     """Refuse an unusable run directory before anything is loaded; returns True when it must be created."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a directory; choose another path for the run directory.")
@@ -80,7 +93,7 @@ def _check_out(out: Path, cfg_text: str, *, resume: bool) -> bool:
         saved = json.loads(saved_path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"--resume: {saved_path} is unreadable ({err}); start the run in a new directory.") from None
-    diff = config_differences(saved, json.loads(cfg_text))
+    diff = config_differences(saved, json.loads(cfg_text), defaults=defaults)
     if diff:
         raise ValueError(f"{out} was run with a different config: {'; '.join(diff[:8])}"
                          f"{' ...' if len(diff) > 8 else ''}. Resume with the same config and --set values, or "
@@ -118,7 +131,7 @@ def run_experiment(
     out = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     ckpt = out / "checkpoint.pt"
     cfg_text = dump_config(cfg)
-    create = _check_out(out, cfg_text, resume=resume)
+    create = _check_out(out, cfg_text, resume=resume, defaults=_defaults_of(cfg))
 
     t0 = time.perf_counter()
     setup = build_setup(cfg)
