@@ -81,9 +81,9 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
     return tuple(out)
 
 
-# --quick for compact adaptation: 20 rounds on 25,000 records (500 per client: a client needs context_size /
+# --quick for compact adaptation: 10 rounds on 25,000 records (500 per client: a client needs context_size /
 # (1 - eval_fraction) = 417 at least)
-COMPACT_QUICK = ("federation.rounds=20", "federation.eval_every=0", "data.limit=25000")
+COMPACT_QUICK = ("federation.rounds=10", "federation.eval_every=0", "data.limit=25000")
 # --quick for pFedDPO: 2 rounds of one local step on 8 pairs per client
 DPO_QUICK = ("federation.rounds=2", "method.local_steps=1", "data.pairs_per_client=8", "data.heldout_pairs=4",
              "federation.eval_every=0")
