@@ -352,11 +352,18 @@ def tables(runs: list[Run], *, out: Path, registry: dict[str, Experiment] = EXPE
     return folders
 
 
-def _bar_plot(rows: list[dict], metrics: tuple[str, ...], path: Path, *, title: str) -> None:
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (imported on first use: planning needs no plotting)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bar_plot(rows: list[dict], metrics: tuple[str, ...], path: Path, *, title: str) -> None:
+    plt = _pyplot()
 
     metrics = tuple(m for m in metrics if m.endswith("accuracy"))  # the plot shows accuracies; the table the rest
     labels = [f"{r['block']}\n{r['point']}" for r in rows]
@@ -377,10 +384,7 @@ def _bar_plot(rows: list[dict], metrics: tuple[str, ...], path: Path, *, title: 
 
 def _trend_plot(rows: list[dict], exp: Experiment, path: Path) -> None:
     """Each metric against ``exp.x_axis``, one line (with the seed spread) per value of the other grid keys."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     def split(row: dict) -> tuple[float, str]:
         point = dict(kv.split("=", 1) for kv in row["point"].split("_") if "=" in kv)
