@@ -146,3 +146,15 @@ def test_every_shipped_experiment_plans(tmp_path):
             d = load_config(run.config, run.sets).data
             if d.scheme == "dirichlet-equal" and d.limit:
                 assert d.limit // d.num_clients >= d.context_size / (1 - d.eval_fraction), run.out
+
+
+def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):
+    """Slugs join ``key=value`` pairs with ``_``, so ``coef_dim=4096_top_k=2`` cannot be split back; the plot
+    takes each row's grid values as they were planned (this once failed the whole ``all --quick`` report)."""
+    exp = rp.Experiment("k", "x", (), x_axis="coef_dim", metrics=("seen/accuracy",))
+    points = [{"coef_dim": str(d), "top_k": str(t)} for d in (4096, 8192) for t in (0, 2)]
+    rows = [{"block": "b", "point": rp.slug(tuple(p.items())), "seeds": 1, "seen/accuracy (mean)": 50.0 + i,
+             "seen/accuracy (std)": 0.0} for i, p in enumerate(points)]
+    assert rows[0]["point"] == "coef_dim=4096_top_k=0"
+    rp._trend_plot(rows, points, exp, tmp_path / "trend.png")
+    assert (tmp_path / "trend.png").stat().st_size > 1000

@@ -320,9 +320,11 @@ def tables(runs: list[Run], *, out: Path, registry: dict[str, Experiment] = EXPE
     for name in dict.fromkeys(r.experiment for r in runs):
         exp = registry[name]
         groups: dict[tuple[str, str], list[Path]] = {}
+        values: dict[tuple[str, str], dict[str, str]] = {}  # each point's grid values by short key (for trend.png)
         for r in runs:
             if r.experiment == name and r.done:
                 groups.setdefault((r.block, slug(r.point)), []).append(r.out)
+                values[(r.block, slug(r.point))] = {k.split(".")[-1]: v.strip('"') for k, v in r.point}
         rows = []
         for (block, point), dirs in groups.items():
             stats = aggregate_seeds(dirs)
@@ -347,7 +349,7 @@ def tables(runs: list[Run], *, out: Path, registry: dict[str, Experiment] = EXPE
             writer.writerows(rows)
         _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
         if exp.x_axis and rows:
-            _trend_plot(rows, exp, folder / "trend.png")
+            _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
         folders.append(folder)
     return folders
 
@@ -382,12 +384,14 @@ def _bar_plot(rows: list[dict], metrics: tuple[str, ...], path: Path, *, title: 
     plt.close(fig)
 
 
-def _trend_plot(rows: list[dict], exp: Experiment, path: Path) -> None:
-    """Each metric against ``exp.x_axis``, one line (with the seed spread) per value of the other grid keys."""
+def _trend_plot(rows: list[dict], points: list[dict[str, str]], exp: Experiment, path: Path) -> None:
+    """Each metric against ``exp.x_axis``, one line (with the seed spread) per value of the other grid keys;
+    ``points[i]`` holds the grid values of ``rows[i]`` by short key (slugs cannot be split back: keys such as
+    ``coef_dim`` contain the slug's separator)."""
     plt = _pyplot()
 
-    def split(row: dict) -> tuple[float, str]:
-        point = dict(kv.split("=", 1) for kv in row["point"].split("_") if "=" in kv)
+    def split(row: dict, point: dict[str, str]) -> tuple[float, str]:
+        point = dict(point)
         if exp.x_axis == "block":
             return float(re.sub(r"[^0-9.]", "", row["block"]) or "nan"), row["point"]
         if exp.x_axis not in point:
@@ -398,8 +402,8 @@ def _trend_plot(rows: list[dict], exp: Experiment, path: Path) -> None:
     metrics = [m for m in exp.metrics if any(m + " (mean)" in r for r in rows)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.3), squeeze=False)
     lines: dict[str, list[tuple[float, dict]]] = {}
-    for row in rows:
-        x, label = split(row)
+    for row, point in zip(rows, points):
+        x, label = split(row, point)
         lines.setdefault(label, []).append((x, row))
     for ax, m in zip(axes[0], metrics):
         for label, pts in lines.items():
