@@ -1,8 +1,14 @@
-"""Figures of pFedDPO runs in the style of the paper's: the methods' DPO loss, base-gradient norm and training
-reward accuracy over rounds, per-client reward accuracy at the end, and kappa^2 over rounds (when the runs
-logged diagnostics).
+"""Figures and tables of pFedDPO runs in the style of the paper's (*pFedDPO*, Figures 7-8 on hh-rlhf): the
+methods' DPO loss, base-gradient norm and training reward accuracy over rounds, each client's training reward
+accuracy at the end, and kappa^2 (adapters off, solid) with the kappa_eff^2 estimate (adapters on, dashed) over
+the rounds that logged diagnostics.
 
     python scripts/dpo_report.py RUN_DIR [RUN_DIR ...] --png docs/figures/pfeddpo_hh.png [--table T.md]
+
+The Markdown printed (and written to ``--table``) has one row per run: final training and held-out reward
+accuracy and held-out DPO loss (means over clients), the DPO loss and base-gradient norm averaged over the last
+ten rounds (single rounds are noisy: 5 clients x 3 steps of 4 pairs), then one row per diagnosed round with
+kappa^2, kappa_eff^2, the adapted / other split of kappa^2 and the mean adapter-gradient square.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+KAPPA = ("kappa2", "kappa2_eff", "kappa2_adapted", "kappa2_other", "adapter_grad_sq_mean")
+
 
 def load(run: Path) -> tuple[dict, list[dict]]:
     results = json.loads((run / "results.json").read_text())
@@ -18,54 +26,91 @@ def load(run: Path) -> tuple[dict, list[dict]]:
     return results, history
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--png", type=Path, required=True)
-    ap.add_argument("--table", type=Path)
-    args = ap.parse_args()
+def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
+    vals = [h[key] for h in history if h.get(key) is not None][-last:]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
+    out = ["| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss (last 10) "
+           "| base-grad norm (last 10) |", "|---|---|---|---|---|---|---|"]
+    for _, results, hist in runs:
+        s = results["summary"]
+        out.append(f"| {results['method']} | {results['rounds_completed']} | {s.get('seen/train_accuracy', float('nan')):.3f} "
+                   f"| {s.get('seen/accuracy', float('nan')):.3f} | {s.get('seen/loss', float('nan')):.3f} "
+                   f"| {tail_mean(hist, 'loss'):.3f} | {tail_mean(hist, 'base_grad_norm'):.2f} |")
+    diag = [(results["method"], h) for _, results, hist in runs for h in hist if h.get("kappa2") is not None]
+    if diag:
+        out += ["", "| method | round | kappa^2 (adapters off) | kappa_eff^2 (on) | adapted part | other part "
+                "| mean adapter-grad sq. |", "|---|---|---|---|---|---|---|"]
+        for method, h in diag:
+            out.append(f"| {method} | {h['round']} | " + " | ".join(
+                f"{h[k]:.1f}" if h.get(k) is not None else "-" for k in KAPPA) + " |")
+        for _, results, hist in runs:
+            ks = [h["kappa2"] for h in hist if h.get("kappa2") is not None]
+            if len(ks) > 1:
+                out.append(f"\n{results['method']}: kappa^2 {ks[0]:.1f} -> {ks[-1]:.1f} "
+                           f"({100 * (ks[-1] - ks[0]) / ks[0]:+.0f}%), minimum {min(ks):.1f}")
+    return "\n".join(out)
+
+
+def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(r, *load(r)) for r in args.runs]
     has_kappa = any("kappa2" in h for _, _, hist in runs for h in hist)
     panels = ["loss", "base_grad_norm", "seen/train_accuracy", "per-client"] + (["kappa2"] if has_kappa else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.3))
-    rows = []
-    for run, results, hist in runs:
+    titles = {"loss": "(a) DPO loss", "base_grad_norm": "(b) base-gradient norm (before clipping)",
+              "seen/train_accuracy": "(c) training reward accuracy", "per-client":
+              "(d) per-client training reward accuracy, final", "kappa2": "(e) kappa^2 off (solid), eff (dashed)"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
+    width = 0.8 / len(runs)
+    for j, (_, results, hist) in enumerate(runs):
         label = results["method"]
         for ax, key in zip(axes, panels):
             if key == "per-client":
+                clients = results["per_client"]
+                ax.bar([c["client"] + j * width for c in clients], [c.get("train_accuracy", 0) for c in clients],
+                       width, label=label)
                 continue
             pts = [(h["round"], h[key]) for h in hist if h.get(key) is not None]
-            if pts:
-                ax.plot(*zip(*pts), label=label, marker="o" if key.startswith("seen") or key == "kappa2" else None,
-                        ms=3)
-        clients = results["per_client"]
-        axes[panels.index("per-client")].bar([f"{label}\n{c['client']}" for c in clients],
-                                             [c.get("train_accuracy", 0) for c in clients])
-        s = results["summary"]
-        rows.append(f"| {label} | {s.get('seen/train_accuracy', float('nan')):.3f} | {s.get('seen/accuracy', float('nan')):.3f} | "
-                    f"{hist[-1].get('base_grad_norm', float('nan')):.3f} | {results['rounds_completed']} |")
-    titles = {"loss": "DPO loss", "base_grad_norm": "base-gradient norm", "seen/train_accuracy":
-              "training reward accuracy", "per-client": "per-client training reward accuracy", "kappa2": "kappa^2"}
+            if not pts:
+                continue
+            line, = ax.plot(*zip(*pts), label=label, marker=None if key in ("loss", "base_grad_norm") else "o",
+                            ms=3, lw=1)
+            eff = [(h["round"], h["kappa2_eff"]) for h in hist if h.get("kappa2_eff") is not None]
+            if key == "kappa2" and eff and results["method"] == "pfeddpo":  # FedDPO has no adapters: eff = off
+                ax.plot(*zip(*eff), ls="--", marker="x", ms=3, lw=1, color=line.get_color())
     for ax, key in zip(axes, panels):
         ax.set_title(titles[key], fontsize=9)
-        ax.set_xlabel("round" if key != "per-client" else "")
-        if key != "per-client":
+        ax.set_xlabel("client" if key == "per-client" else "round")
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-        else:
-            ax.tick_params(axis="x", labelsize=5)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
-    args.png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.png, dpi=120)
-    table = "\n".join(["| method | training reward acc. | held-out reward acc. | last base-grad norm | rounds |",
-                       "|---|---|---|---|---|", *rows])
-    print(table)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (results.json and metrics.jsonl)")
+    ap.add_argument("--png", type=Path, required=True)
+    ap.add_argument("--table", type=Path)
+    args = ap.parse_args()
+    missing = [str(r) for r in args.runs if not (r / "results.json").exists()]
+    if missing:
+        ap.error(f"not finished runs (no results.json): {', '.join(missing)}; finish them with fedtailor reproduce "
+                 "or fedtailor run --resume.")
+    runs = [(r, *load(r)) for r in args.runs]
+    figure(runs, args.png)
+    text = tables(runs)
+    print(text)
     if args.table:
-        args.table.write_text(table + "\n")
+        args.table.write_text(text + "\n")
 
 
 if __name__ == "__main__":

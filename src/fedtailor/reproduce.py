@@ -157,7 +157,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                    Block(f"fixed-alpha{a}", f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
                          (("method.fedlag.choice", ("last",)),), FMNIST_REDUCED))),
                quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
-               metrics=("seen/accuracy",), seeds=(41, 42)),
+               metrics=("seen/accuracy",)),
     Experiment("pfeddpo-hh", "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2 (the "
                "federated methods log kappa^2 every 10 rounds)",
                (Block("federated", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("pfeddpo", "feddpo")),),
