@@ -5,6 +5,9 @@ the rounds that logged diagnostics.
 
     python scripts/dpo_report.py RUN_DIR [RUN_DIR ...] --png docs/figures/pfeddpo_hh.png [--table T.md]
 
+Runs of one method are told apart by the config values in which they differ (``pfeddpo lora_rank=4``), so the
+rank and participation ablations draw with the same command.
+
 The Markdown printed (and written to ``--table``) has one row per run: final training and held-out reward
 accuracy and held-out DPO loss (means over clients), the DPO loss and base-gradient norm averaged over the last
 ten rounds (single rounds are noisy: 5 clients x 3 steps of 4 pairs), then one row per diagnosed round with
@@ -26,6 +29,21 @@ def load(run: Path) -> tuple[dict, list[dict]]:
     return results, history
 
 
+def labels(runs: list[Path], methods: list[str]) -> list[str]:
+    """Each run's method, plus the config values that tell apart runs of the same method (``lora_rank=4``)."""
+    flat = []
+    for run in runs:
+        path = run / "config.json"
+        cfg = json.loads(path.read_text()) if path.exists() else {}
+        flat.append({f"{k}.{kk}": vv for k, v in cfg.items() if isinstance(v, dict) for kk, vv in v.items()})
+    out = []
+    for i, method in enumerate(methods):
+        same = [flat[j] for j, m in enumerate(methods) if m == method]
+        keys = sorted(k for k in flat[i] if len({repr(f.get(k)) for f in same}) > 1)
+        out.append(" ".join([method, *(f"{k.split('.')[-1]}={flat[i][k]}" for k in keys)]))
+    return out
+
+
 def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
     vals = [h[key] for h in history if h.get(key) is not None][-last:]
     return sum(vals) / len(vals) if vals else float("nan")
@@ -34,22 +52,23 @@ def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
 def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
     out = ["| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss (last 10) "
            "| base-grad norm (last 10) |", "|---|---|---|---|---|---|---|"]
-    for _, results, hist in runs:
+    for (_, results, hist), name in zip(runs, labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])):
         s = results["summary"]
-        out.append(f"| {results['method']} | {results['rounds_completed']} | {s.get('seen/train_accuracy', float('nan')):.3f} "
+        out.append(f"| {name} | {results['rounds_completed']} | {s.get('seen/train_accuracy', float('nan')):.3f} "
                    f"| {s.get('seen/accuracy', float('nan')):.3f} | {s.get('seen/loss', float('nan')):.3f} "
                    f"| {tail_mean(hist, 'loss'):.3f} | {tail_mean(hist, 'base_grad_norm'):.2f} |")
-    diag = [(results["method"], h) for _, results, hist in runs for h in hist if h.get("kappa2") is not None]
+    names = labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])
+    diag = [(name, h) for (_, _, hist), name in zip(runs, names) for h in hist if h.get("kappa2") is not None]
     if diag:
         out += ["", "| method | round | kappa^2 (adapters off) | kappa_eff^2 (on) | adapted part | other part "
                 "| mean adapter-grad sq. |", "|---|---|---|---|---|---|---|"]
         for method, h in diag:
             out.append(f"| {method} | {h['round']} | " + " | ".join(
                 f"{h[k]:.1f}" if h.get(k) is not None else "-" for k in KAPPA) + " |")
-        for _, results, hist in runs:
+        for (_, _, hist), name in zip(runs, names):
             ks = [h["kappa2"] for h in hist if h.get("kappa2") is not None]
             if len(ks) > 1:
-                out.append(f"\n{results['method']}: kappa^2 {ks[0]:.1f} -> {ks[-1]:.1f} "
+                out.append(f"\n{name}: kappa^2 {ks[0]:.1f} -> {ks[-1]:.1f} "
                            f"({100 * (ks[-1] - ks[0]) / ks[0]:+.0f}%), minimum {min(ks):.1f}")
     return "\n".join(out)
 
@@ -67,8 +86,8 @@ def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
               "(d) per-client training reward accuracy, final", "kappa2": "(e) kappa^2 off (solid), eff (dashed)"}
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
     width = 0.8 / len(runs)
-    for j, (_, results, hist) in enumerate(runs):
-        label = results["method"]
+    names = labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])
+    for j, ((_, results, hist), label) in enumerate(zip(runs, names)):
         for ax, key in zip(axes, panels):
             if key == "per-client":
                 clients = results["per_client"]
