@@ -82,7 +82,8 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
     """Replay's shape: a block reads the run directory of another block's run of the same seed; it starts only
     once that run has finished, and is not run at all when that run fails."""
     cfg = registry["tiny"].blocks[0].config
-    exp = rp.Experiment("dep", "x", (rp.Block("late", cfg, sets=('name="{needs}"',), needs="early/lr=0.1"),
+    exp = rp.Experiment("dep", "x", (rp.Block("late", cfg, sets=('name="{needs}"', "method.lr=0.05"),
+                                              needs="early/lr=0.1"),
                                      rp.Block("early", cfg, (("method.lr", ("0.1",)),))), seeds=(1, 2))
     runs = rp.plan(["dep"], out=tmp_path, seeds=None, quick=False, registry={"dep": exp})
     late = [r for r in runs if r.block == "late"]
@@ -109,6 +110,37 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
     with pytest.raises(ValueError, match="include its block too"):
         rp.plan(["dep/late"], out=tmp_path / "fresh", seeds=None, quick=False, registry={"dep": exp})
     assert rp.plan(["dep/late"], out=tmp_path, seeds=[1], quick=False, registry={"dep": exp})  # early seed 1 done
+
+
+def test_the_same_resolved_config_runs_once_and_is_linked(tmp_path, registry):
+    """Two points that resolve to one config (the rank ablation's rank 8 is the participation ablation's S = 5;
+    Factorized+ctx is Ours-DG) run once: the second is a link to the first, made when the first finishes, and it
+    is in the tables like any run. A run directory already there under the second name is kept as its own."""
+    cfg = registry["tiny"].blocks[0].config
+    exps = {"a": rp.Experiment("a", "x", (rp.Block("lr", cfg, (("method.lr", ("0.1", "0.2")),)),), seeds=(1,)),
+            "b": rp.Experiment("b", "x", (rp.Block("fixed", cfg, sets=("method.lr=0.1", 'name="other"')),), seeds=(1,))}
+    runs = rp.plan(["a", "b"], out=tmp_path, seeds=None, quick=False, registry=exps)
+    alias = runs[-1]
+    assert alias.same_as == alias.after == tmp_path / "a/lr/lr=0.1/seed1" and runs[0].same_as is None
+    started = []
+
+    def fake(run):
+        started.append(run.out)
+        return [sys.executable, "-c", f"import json, pathlib; p = pathlib.Path({str(run.out)!r}); "
+                "p.mkdir(parents=True); (p / 'results.json').write_text(json.dumps({'rounds': 1, 'name': 'r', "
+                "'method': 'fedavg', 'dataset': 'digits', 'seed': 1, 'rounds_completed': 1, "
+                "'summary': {'seen/accuracy': 0.5}, 'per_client': []}))"]
+
+    lines: list[str] = []
+    assert rp.execute(runs, jobs=2, progress=lines.append, command=fake) == []
+    assert alias.out not in started and len(started) == 2 and "3 done, 0 running, 0 waiting" in lines[-1]
+    assert alias.out.is_symlink() and alias.done and (alias.out / "results.json").exists()
+    assert rp.tables([alias], out=tmp_path / "t", registry=exps)
+    again = rp.plan(["a", "b"], out=tmp_path, seeds=None, quick=False, registry=exps)
+    assert all(r.done for r in again) and again[-1].same_as is not None  # a link stays a link
+    other = tmp_path / "fresh"
+    (other / "b/fixed/base/seed1").mkdir(parents=True)  # run before this rule existed: its own run
+    assert rp.plan(["a", "b"], out=other, seeds=None, quick=False, registry=exps)[-1].same_as is None
 
 
 @pytest.mark.slow

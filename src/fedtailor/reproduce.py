@@ -164,14 +164,14 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                       ("method.diagnostics_every=10",)),
                 Block("central", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("dpo-central",)),))),
                quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,)),
-    Experiment("pfeddpo-rank", "pFedDPO's LoRA rank (4, 8, 16) on HH-RLHF with SmolLM2, 20 rounds",
+    Experiment("pfeddpo-rank", "pFedDPO's LoRA rank (4, 8, 16) on HH-RLHF with SmolLM2, 10 rounds",
                (Block("rank", "configs/pfeddpo/hh-rlhf.toml", (("method.lora_rank", ("4", "8", "16")),),
-                      ("federation.rounds=20",)),),
+                      ("federation.rounds=10",)),),
                quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,), x_axis="lora_rank", log_x=True),
     Experiment("pfeddpo-participation", "pFedDPO with S = 2, 3, 5 of the 5 clients per round on HH-RLHF with "
-               "SmolLM2, 20 rounds", (Block("participation", "configs/pfeddpo/hh-rlhf.toml",
+               "SmolLM2, 10 rounds", (Block("participation", "configs/pfeddpo/hh-rlhf.toml",
                                             (("federation.clients_per_round", ("2", "3", "5")),),
-                                            ("federation.rounds=20",)),),
+                                            ("federation.rounds=10",)),),
                quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,), x_axis="clients_per_round"),
 )}
 
@@ -186,6 +186,7 @@ class Run:
     sets: list[str]
     out: Path
     after: Path | None = None  # a run directory that must be finished first
+    same_as: Path | None = None  # another planned run of the same resolved config: linked to it, never run twice
 
     @property
     def done(self) -> bool:
@@ -219,6 +220,7 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
     from fedtailor.experiment import check_data_name
 
     runs = []
+    first: dict[str, Path] = {}  # resolved config (less name and out_dir) -> the run directory planned for it
     for spec in [n for name in names for n in (registry if name == "all" else [name])]:
         name, _, only = spec.partition("/")
         if name not in registry:
@@ -243,7 +245,14 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
                     except ValueError as err:
                         raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
                     run_dir = out / name / block.name / slug(point) / f"seed{seed}"
-                    if all(r.out != run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
+                    if any(r.out == run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
+                        continue
+                    key = cfg.model_dump_json(exclude={"name", "out_dir"})
+                    same = first.setdefault(key, run_dir)
+                    if same != run_dir and not (run_dir.exists() and not run_dir.is_symlink()):
+                        # the same run under another name (Factorized+ctx is Ours-DG): a link, once that finishes
+                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, same, same_as=same))
+                    else:
                         runs.append(Run(name, block.name, point, seed, config, sets, run_dir, after))
     planned = {r.out for r in runs}
     for r in runs:
@@ -269,7 +278,8 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
 
     def line() -> None:
         left = len(todo) + len(running)
-        eta = (sum(durations) / len(durations)) * left / jobs if durations else float("nan")
+        work = left - sum(r.same_as is not None for r in todo)  # links take no time
+        eta = (sum(durations) / len(durations)) * work / jobs if durations else float("nan")
         progress(f"reproduce: {done} done, {len(running)} running, {left - len(running)} waiting"
                  + (f", about {eta / 60:.1f} min left" if durations else ""))
 
@@ -281,6 +291,12 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
         while len(running) < jobs and (run := ready()) is not None:
             todo.remove(run)
             run.out.parent.mkdir(parents=True, exist_ok=True)
+            if run.same_as is not None:  # finished under its first name: link it (relative, so out can move)
+                if not run.out.is_symlink():
+                    run.out.symlink_to(os.path.relpath(run.same_as, run.out.parent), target_is_directory=True)
+                done += 1
+                line()
+                continue
             logf = open(run.out.parent / f"{run.out.name}.log", "w")  # noqa: SIM115 - closed when the run ends
             running[subprocess.Popen(build(run), env=env, stdout=logf, stderr=subprocess.STDOUT)] = (run, time.time(), logf)
             line()
