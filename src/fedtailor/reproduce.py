@@ -7,7 +7,8 @@ point) and fixed overrides. Every (point, seed) is an ordinary run directory
 unfinished ones continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides
 and runs its first seed only (``--seeds`` gives more). ``all`` names every experiment; ``NAME/BLOCK[,BLOCK]``
 runs only those blocks of an experiment (``compact-table1-mnist/eps16``) in the same folders, so the rest can be
-added later.
+added later. A point whose resolved config (less its name) equals one planned before runs once: its folder is a
+link to the first (Table 2's alpha 0.5 is Table 1 at eps 16).
 ``--jobs N`` runs N processes of ``cores // N`` threads each (``OMP_NUM_THREADS``), never more than the cores.
 
 Outputs per experiment: ``table.md`` and ``table.csv`` (mean +- std over seeds of the per-client means, per
