@@ -9,8 +9,9 @@ Runs of one method are told apart by the config values in which they differ (``p
 rank and participation ablations draw with the same command.
 
 The Markdown printed (and written to ``--table``) has one row per run: final training and held-out reward
-accuracy and held-out DPO loss (means over clients), the DPO loss and base-gradient norm averaged over the last
-ten rounds (single rounds are noisy: 5 clients x 3 steps of 4 pairs), then one row per diagnosed round with
+accuracy and held-out DPO loss (means over clients), the DPO loss and base-gradient norm averaged over the second
+half of the rounds and the norm's median over the last ten (single rounds are noisy: 5 clients x 3 steps of 4
+pairs, and a saturated loss leaves rare spikes), then one row per diagnosed round with
 kappa^2, kappa_eff^2, the adapted / other split of kappa^2 and the mean adapter-gradient square.
 """
 
@@ -44,19 +45,26 @@ def labels(runs: list[Path], methods: list[str]) -> list[str]:
     return out
 
 
-def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
-    vals = [h[key] for h in history if h.get(key) is not None][-last:]
+def second_half_mean(history: list[dict], key: str) -> float:
+    vals = [h[key] for h in history if h.get(key) is not None]
+    vals = vals[len(vals) // 2:]
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def last_median(history: list[dict], key: str, last: int = 10) -> float:
+    vals = sorted(h[key] for h in history[-last:] if h.get(key) is not None)
+    return (vals[(len(vals) - 1) // 2] + vals[len(vals) // 2]) / 2 if vals else float("nan")
+
+
 def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
-    out = ["| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss (last 10) "
-           "| base-grad norm (last 10) |", "|---|---|---|---|---|---|---|"]
+    out = ["| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss, second half "
+           "| base-grad norm, second half | base-grad norm, median of last 10 |", "|---|---|---|---|---|---|---|---|"]
     for (_, results, hist), name in zip(runs, labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])):
         s = results["summary"]
         out.append(f"| {name} | {results['rounds_completed']} | {s.get('seen/train_accuracy', float('nan')):.3f} "
                    f"| {s.get('seen/accuracy', float('nan')):.3f} | {s.get('seen/loss', float('nan')):.3f} "
-                   f"| {tail_mean(hist, 'loss'):.3f} | {tail_mean(hist, 'base_grad_norm'):.2f} |")
+                   f"| {second_half_mean(hist, 'loss'):.3f} | {second_half_mean(hist, 'base_grad_norm'):.3g} "
+                   f"| {last_median(hist, 'base_grad_norm'):.3g} |")
     names = labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])
     diag = [(name, h) for (_, _, hist), name in zip(runs, names) for h in hist if h.get("kappa2") is not None]
     if diag:
@@ -64,12 +72,12 @@ def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
                 "| mean adapter-grad sq. |", "|---|---|---|---|---|---|---|"]
         for method, h in diag:
             out.append(f"| {method} | {h['round']} | " + " | ".join(
-                f"{h[k]:.1f}" if h.get(k) is not None else "-" for k in KAPPA) + " |")
+                f"{h[k]:.3g}" if h.get(k) is not None else "-" for k in KAPPA) + " |")
         for (_, _, hist), name in zip(runs, names):
             ks = [h["kappa2"] for h in hist if h.get("kappa2") is not None]
             if len(ks) > 1:
-                out.append(f"\n{name}: kappa^2 {ks[0]:.1f} -> {ks[-1]:.1f} "
-                           f"({100 * (ks[-1] - ks[0]) / ks[0]:+.0f}%), minimum {min(ks):.1f}")
+                out.append(f"\n{name}: kappa^2 {ks[0]:.3g} -> {ks[-1]:.3g} "
+                           f"({100 * (ks[-1] - ks[0]) / ks[0]:+.0f}%), minimum {min(ks):.3g}")
     return "\n".join(out)
 
 
@@ -80,10 +88,12 @@ def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
     import matplotlib.pyplot as plt
 
     has_kappa = any("kappa2" in h for _, _, hist in runs for h in hist)
-    panels = ["loss", "base_grad_norm", "seen/train_accuracy", "per-client"] + (["kappa2"] if has_kappa else [])
+    panels = ["loss", "base_grad_norm", "seen/train_accuracy", "seen/accuracy", "per-client"] + (
+        ["kappa2"] if has_kappa else [])
     titles = {"loss": "(a) DPO loss", "base_grad_norm": "(b) base-gradient norm (before clipping)",
-              "seen/train_accuracy": "(c) training reward accuracy", "per-client":
-              "(d) per-client training reward accuracy, final", "kappa2": "(e) kappa^2 off (solid), eff (dashed)"}
+              "seen/train_accuracy": "(c) training reward accuracy", "seen/accuracy": "(d) held-out reward accuracy",
+              "per-client": "(e) per client, final: held-out (bars), training (-)",
+              "kappa2": "(f) kappa^2: adapters off (solid), on (dashed)"}
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
     width = 0.8 / len(runs)
     names = labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])
@@ -91,8 +101,9 @@ def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
         for ax, key in zip(axes, panels):
             if key == "per-client":
                 clients = results["per_client"]
-                ax.bar([c["client"] + j * width for c in clients], [c.get("train_accuracy", 0) for c in clients],
-                       width, label=label)
+                xs = [c["client"] + j * width for c in clients]
+                bars = ax.bar(xs, [c.get("accuracy", 0) for c in clients], width, label=label)
+                ax.plot(xs, [c.get("train_accuracy", 0) for c in clients], "_", ms=8, color=bars[0].get_facecolor())
                 continue
             pts = [(h["round"], h[key]) for h in hist if h.get(key) is not None]
             if not pts:
@@ -105,6 +116,8 @@ def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
     for ax, key in zip(axes, panels):
         ax.set_title(titles[key], fontsize=9)
         ax.set_xlabel("client" if key == "per-client" else "round")
+        if key == "kappa2":
+            ax.set_yscale("log")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

@@ -1,6 +1,7 @@
 """pFedDPO, vanilla FedDPO and centralized DPO on the shared loop.
 
-pFedDPO (*Personalized Federated Direct Preference Optimization*, the method of this project's second paper):
+pFedDPO (*Personalized Federated Direct Preference Optimization via LoRA Adapters*, Z. Jiang and S. Sarkar,
+2026, arXiv:2610.12885; the setting of its hh-rlhf appendix):
 every client holds a private LoRA adapter ``phi_i`` on top of a shared base ``theta`` that FedAvg aggregates.
 
 Round ``r``, client ``i`` (DPO objective of :mod:`fedtailor.lm.dpo`, reference = the initial model, its
