@@ -5,7 +5,8 @@
   autocast; the optimizer step timed on its own;
 * a pFedDPO round of 5 clients x 3 steps through the method (streaming aggregation) and a round with the
   kappa^2 diagnostics;
-* peak memory (max RSS) of a round with N = 1 and N = 5 clients, each in its own subprocess.
+* peak memory (max RSS) of a round with N = 1 and N = 5 clients (and N = 5 with ``spill_sum``: the running
+  sum on disk between folds), each in its own subprocess.
 
     python benchmarks/bench_dpo_step.py [--threads 2] [--repeat 3] [--skip-memory]
 """
@@ -69,7 +70,7 @@ def time_steps(model, tokens, ref, *, steps: int, precision: str, naive_ref=None
     return statistics.median(total), statistics.median(optim)
 
 
-def round_time(n: int, *, diagnostics: bool, threads: int, precision: str) -> dict[str, float]:
+def round_time(n: int, *, diagnostics: bool, threads: int, precision: str, spill: bool = False) -> dict[str, float]:
     """One pFedDPO round (setup excluded) of n clients x 3 steps; run in-process."""
     from fedtailor.fl.loop import _fit_round, start
     from fedtailor.methods.pfeddpo import PFedDPO
@@ -78,7 +79,8 @@ def round_time(n: int, *, diagnostics: bool, threads: int, precision: str) -> di
     lm = load_causal_lm("smollm2")
     clients = _clients(lm, n, pairs=24)
     method = PFedDPO(model=lm.model, personal=True, beta=0.2, lr=1e-4, local_steps=3, batch_size=4, grad_clip=1.0,
-                     seed=41, rounds=2, diagnostics_every=1 if diagnostics else 0, precision=precision)
+                     seed=41, rounds=2, diagnostics_every=1 if diagnostics else 0, precision=precision,
+                     spill_sum=spill)
     state = start(method, clients)
     import numpy as np
 
@@ -98,8 +100,9 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:  # a memory-measurement subprocess: print one JSON line
-        n, diag = (int(v) for v in args.child.split(","))
-        print(json.dumps(round_time(n, diagnostics=bool(diag), threads=args.threads, precision=args.precision)))
+        n, diag, spill = (int(v) for v in args.child.split(","))
+        print(json.dumps(round_time(n, diagnostics=bool(diag), threads=args.threads, precision=args.precision,
+                                    spill=bool(spill))))
         return
     torch.set_num_threads(args.threads)
     rows = []
@@ -131,16 +134,18 @@ def step_rows(args: argparse.Namespace) -> list[dict]:
 def _finish(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> None:
     if not args.skip_memory:
         res = {}
-        for n, diag in ((1, 0), (5, 0), (5, 1)):
+        for n, diag, spill in ((1, 0, 0), (5, 0, 0), (5, 1, 0), (5, 0, 1)):
             out = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--precision", args.precision,
-                                  "--child", f"{n},{diag}"],
+                                  "--child", f"{n},{diag},{spill}"],
                                  check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
-            res[n, diag] = json.loads(out)
-        one, five, diag = res[1, 0], res[5, 0], res[5, 1]
+            res[n, diag, spill] = json.loads(out)
+        one, five, diag, spilled = res[1, 0, 0], res[5, 0, 0], res[5, 1, 0], res[5, 0, 1]
         notes += [f"- pFedDPO round, 5 clients x 3 steps ({args.precision}): {five['seconds']:.1f} s; with the kappa^2 "
                   f"diagnostics: {diag['seconds']:.1f} s (kappa2 {diag.get('kappa2', float('nan')):.4g})",
                   f"- peak memory (max RSS): N = 1 {one['maxrss_mb']:.0f} MB, N = 5 {five['maxrss_mb']:.0f} MB "
-                  f"(ratio {five['maxrss_mb'] / one['maxrss_mb']:.3f})"]
+                  f"(ratio {five['maxrss_mb'] / one['maxrss_mb']:.3f}); N = 5 with spill_sum "
+                  f"{spilled['maxrss_mb']:.0f} MB (ratio {spilled['maxrss_mb'] / one['maxrss_mb']:.3f}), "
+                  f"round {spilled['seconds']:.1f} s"]
     report(f"pFedDPO on SmolLM2-135M: DPO step and round, {args.threads} threads", rows or [{"rows": "rounds only"}],
            notes="\n".join(notes))
 

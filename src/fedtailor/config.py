@@ -245,6 +245,9 @@ class DPOConfig(_Section):
     diagnostics_every: int = Field(0, ge=0, description="kappa^2 diagnostics every K rounds (0: off; opt-in, "
                                    "clients then send base gradients)")
     diagnostic_pairs: int = Field(4, ge=1, description="pairs per client for the diagnostic gradients")
+    spill_sum: bool = Field(False, description="keep a round's running sum of the client bases in a temporary "
+                            "file between folds: one base less in memory while a client trains, a write and a "
+                            "read of one base per client more (docs/pfeddpo.md)")
 
 
 MethodConfig = Annotated[

@@ -29,7 +29,10 @@ run's summary says they were sent.
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,7 +65,8 @@ class DPOClient:
 
 @dataclass
 class _Fold:
-    total: Params
+    total: Params  # the running weighted sum of the round's bases (empty while it is spilled to ``spill``)
+    spill: Path | None = None  # spill_sum: the sum's file between folds
     weight: float = 0.0
     loss: float = 0.0
     grad_norm: float = 0.0
@@ -90,6 +94,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         lora_alpha: int = 16,
         diagnostics_every: int = 0,
         diagnostic_pairs: int = 4,
+        spill_sum: bool = False,
     ) -> None:
         from fedtailor.lm.model import add_lora
 
@@ -104,7 +109,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         self.adapter0 = {n: self.params[n].detach().clone() for n in self.adapter_names}  # PEFT init, public seed
         self.beta, self.lr, self.local_steps, self.batch_size = beta, lr, local_steps, batch_size
         self.grad_clip, self.seed, self.rounds, self.precision = grad_clip, seed, rounds, precision
-        self.diagnostics_every, self.diagnostic_pairs = diagnostics_every, diagnostic_pairs
+        self.diagnostics_every, self.diagnostic_pairs, self.spill_sum = diagnostics_every, diagnostic_pairs, spill_sum
         self.device = next(self.model.parameters()).device
 
     # ----- helpers ------------------------------------------------------------------------------------
@@ -184,6 +189,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         opt = self._optimizer(state)
         order = self.batch_order(rnd, data.cid, len(state.ref_train))
         loss, norm = self._steps(opt, data.train, state.ref_train, order, f"round {rnd}: client {data.cid}")
+        self.model.zero_grad(set_to_none=True)  # the gradients are spent: free them before the reply is folded
         new_state = DPOClient(adapter={n: self.params[n].detach().clone() for n in self.adapter_names},
                               moments=_moments(opt, self.params, self.adapter_names),
                               ref_train=state.ref_train, ref_eval=state.ref_eval)
@@ -239,9 +245,16 @@ class PFedDPO(Method[DPOServer, DPOClient]):
     def fold_fit(self, server: DPOServer, rnd: int, acc: _Fold | None, cid: int, reply: Message) -> _Fold:
         w = float(reply.config["num_examples"])
         if acc is None:
-            acc = _Fold(total={n: torch.zeros_like(server.base[n]) for n in self.base_names})
+            spill = Path(tempfile.mkdtemp(prefix="fedtailor-sum-")) / "sum.safetensors" if self.spill_sum else None
+            acc = _Fold(total={}, spill=spill)
+        if not acc.total:  # the first fold, or the sum is on disk
+            acc.total = (_read_sum(acc.spill, self.device) if acc.spill is not None and acc.spill.exists() else
+                         {n: torch.zeros_like(server.base[n]) for n in self.base_names})
         for n in self.base_names:
             acc.total[n].add_(reply.arrays[n], alpha=w)
+        if acc.spill is not None:  # off to disk until the next reply: no sum in memory while a client trains
+            _write_sum(acc.spill, acc.total)
+            acc.total = {}
         acc.weight += w
         acc.loss += w * float(reply.config["loss"])
         acc.grad_norm += w * float(reply.config["base_grad_norm"])
@@ -260,6 +273,9 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         return torch.cat([torch.full((server.base[n].numel(),), n in self.adapted) for n in self.base_names])
 
     def finish_fit(self, server: DPOServer, rnd: int, acc: _Fold) -> tuple[DPOServer, Metrics]:
+        if acc.spill is not None:
+            acc.total = _read_sum(acc.spill, self.device)
+            shutil.rmtree(acc.spill.parent, ignore_errors=True)
         base = {n: t / acc.weight for n, t in acc.total.items()}
         metrics = {"loss": acc.loss / acc.weight, "base_grad_norm": acc.grad_norm / acc.weight}
         metrics.update(_kappa(acc.diag))
@@ -340,6 +356,18 @@ class CentralizedDPO(PFedDPO):
 
 
 # ----- small pure helpers ---------------------------------------------------------------------------------
+def _write_sum(path: Path, total: Params) -> None:
+    from safetensors.torch import save_file
+
+    save_file({n: t.detach().cpu().contiguous() for n, t in total.items()}, str(path))
+
+
+def _read_sum(path: Path, device: torch.device) -> Params:
+    from safetensors.torch import load_file
+
+    return load_file(str(path), device=str(device))
+
+
 def adamw(params: list[torch.Tensor], *, lr: float) -> torch.optim.Optimizer:
     """AdamW without weight decay, fused (one kernel over all tensors: about 3x faster on the CPU than the
     per-tensor loop, benchmarks/bench_dpo_step.py) where the device supports it."""

@@ -114,3 +114,24 @@ def test_kappa2_is_the_mean_squared_distance_of_client_gradients_from_their_mean
     assert rec["kappa2_adapted"] + rec["kappa2_other"] == pytest.approx(rec["kappa2"])
     assert rec["kappa2_adapted"] > 0 and rec["kappa2_other"] > 0 and rec["adapter_grad_sq_mean"] > 0
     assert method.summary(result.state.server)["diagnostics_sent"] is True
+
+
+def test_a_spilled_running_sum_gives_the_same_bases_bit_for_bit_and_leaves_no_file(tmp_path, monkeypatch):
+    """spill_sum keeps the round's sum of bases on disk between folds (one base less in memory while a client
+    trains); the averaged bases must not change by a bit, and the temporary file must be gone after the round."""
+    import tempfile
+
+    import fedtailor.methods.pfeddpo as mod
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    written, write = [], mod._write_sum
+    monkeypatch.setattr(mod, "_write_sum", lambda path, total: (written.append(path), write(path, total)))
+    schedule = np.tile(np.arange(3), (2, 1))
+    plain = run_federated(_method(), _clients(), schedule, progress=False)
+    spilled_method = _method(spill_sum=True)
+    spilled = run_federated(spilled_method, _clients(), schedule, progress=False)
+    assert spilled_method.spill_sum and [h["loss"] for h in plain.history] == [h["loss"] for h in spilled.history]
+    for n, t in plain.state.server.base.items():
+        assert torch.equal(t, spilled.state.server.base[n]), n
+    assert len(written) == 6 and all(tmp_path in p.parents for p in written)  # 2 rounds x 3 folds, on disk
+    assert not list(tmp_path.iterdir())  # the round's sum file and folder were removed
