@@ -21,7 +21,7 @@ import argparse
 import json
 from pathlib import Path
 
-KAPPA = ("kappa2", "kappa2_eff", "kappa2_adapted", "kappa2_other", "adapter_grad_sq_mean")
+KAPPA = ("kappa2", "kappa2_eff", "kappa2_adapted", "kappa2_other", "adapter_grad_sq_mean", "kappa2_rel")
 
 
 def load(run: Path) -> tuple[dict, list[dict]]:
@@ -69,7 +69,7 @@ def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
     diag = [(name, h) for (_, _, hist), name in zip(runs, names) for h in hist if h.get("kappa2") is not None]
     if diag:
         out += ["", "| method | round | kappa^2 (adapters off) | kappa_eff^2 (on) | adapted part | other part "
-                "| mean adapter-grad sq. |", "|---|---|---|---|---|---|---|"]
+                "| mean adapter-grad sq. | kappa^2 / ||g_bar||^2 |", "|---|---|---|---|---|---|---|---|"]
         for method, h in diag:
             out.append(f"| {method} | {h['round']} | " + " | ".join(
                 f"{h[k]:.3g}" if h.get(k) is not None else "-" for k in KAPPA) + " |")

@@ -6,7 +6,9 @@ warm-up.
         --table docs/figures/fedlag_mnist.md --png docs/figures/fedlag_gc_mnist.png
 
 Each folder holds ``main/`` (grid method.name x method.fedlag.top_k=0,2) and optionally ``fixed/`` (grid
-method.fedlag.choice=first,middle,last with FedAvg), as written by the commands of docs/fedlag.md.
+method.fedlag.choice=first,middle,last with FedAvg), as written by the sweep commands of docs/fedlag.md, or is an
+experiment folder of ``fedtailor reproduce`` with ``main-<tag>/`` and ``fixed-<tag>/`` pairs (one section per tag:
+``fedlag-mnist`` has ``alpha01`` and ``alpha10``). Bases and fixed choices that were not run are left out.
 """
 
 from __future__ import annotations
@@ -38,27 +40,41 @@ def _fmt(vals: list[float]) -> str:
     return f"{np.mean(vals):.2f} +- {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
 
 
-def table(folder: Path) -> list[str]:
+def sections(folder: Path) -> list[tuple[str, Path, Path]]:
+    """(title, main folder, fixed folder) of each section in ``folder``: a sweep pair or the reproduce blocks."""
+    if (folder / "main").is_dir():
+        return [(folder.name, folder / "main", folder / "fixed")]
+    found = [(f"{folder.name} {m.name[len('main-'):]}", m, folder / f"fixed-{m.name[len('main-'):]}")
+             for m in sorted(folder.glob("main-*")) if m.is_dir()]
+    if not found:
+        raise SystemExit(f"fedlag_report: {folder} has neither main/ nor main-<tag>/ folders; pass a sweep folder "
+                         "of docs/fedlag.md or an experiment folder of `fedtailor reproduce fedlag-...`")
+    return found
+
+
+def table(main: Path, fixed: Path) -> list[str]:
     lines = ["| base | without FedLAG | with FedLAG (top_k = 2) | paired difference | seeds | personal layers (seed 41) |",
              "|---|---|---|---|---|---|"]
     for base in BASES:
-        off, on = _seeds(folder / "main" / f"name={base}_top_k=0"), _seeds(folder / "main" / f"name={base}_top_k=2")
+        if not (main / f"name={base}_top_k=0").exists() and not (main / f"name={base}_top_k=2").exists():
+            continue
+        off, on = _seeds(main / f"name={base}_top_k=0"), _seeds(main / f"name={base}_top_k=2")
         both = sorted(set(off) & set(on))
         diff = [on[s] - off[s] for s in both]
         chosen = "-"
-        r41 = folder / "main" / f"name={base}_top_k=2" / "seed41" / "results.json"
+        r41 = main / f"name={base}_top_k=2" / "seed41" / "results.json"
         if r41.exists():
             chosen = ", ".join(json.loads(r41.read_text())["method_summary"].get("fedlag_personal", []))
         lines.append(f"| {base} | {_fmt(list(off.values()))} | {_fmt(list(on.values()))} | {_fmt(diff)} | "
                      f"{len(both)} | {chosen} |")
-    fixed = folder / "fixed"
     if fixed.exists():
         lines += ["", "| FedAvg + personal layers chosen by | accuracy | seeds |", "|---|---|---|"]
-        conflict = _seeds(folder / "main" / "name=fedavg_top_k=2")
+        conflict = _seeds(main / "name=fedavg_top_k=2")
         lines.append(f"| conflict score (FedLAG) | {_fmt(list(conflict.values()))} | {len(conflict)} |")
         for choice in ("first", "middle", "last"):
-            got = _seeds(fixed / f"choice={choice}")
-            lines.append(f"| fixed {choice.capitalize()}-K | {_fmt(list(got.values()))} | {len(got)} |")
+            if (fixed / f"choice={choice}").exists():
+                got = _seeds(fixed / f"choice={choice}")
+                lines.append(f"| fixed {choice.capitalize()}-K | {_fmt(list(got.values()))} | {len(got)} |")
     return lines
 
 
@@ -68,18 +84,18 @@ def heatmap(folders: list[Path], png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(f, b) for f in folders for b in ("fedavg", "fedper") if
-            (f / "main" / f"name={b}_top_k=2" / "seed41" / "results.json").exists()]
+    runs = [(title, main, b) for f in folders for title, main, _ in sections(f) for b in ("fedavg", "fedper")
+            if (main / f"name={b}_top_k=2" / "seed41" / "results.json").exists()]
     if not runs:
         return
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), squeeze=False)
-    for ax, (folder, base) in zip(axes[0], runs):
-        s = json.loads((folder / "main" / f"name={base}_top_k=2" / "seed41" / "results.json").read_text())["method_summary"]
+    for ax, (title, main, base) in zip(axes[0], runs):
+        s = json.loads((main / f"name={base}_top_k=2" / "seed41" / "results.json").read_text())["method_summary"]
         grid = np.asarray(s["fedlag_conflicts_per_round"], dtype=float).T  # layers x rounds
         im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
         ax.set_yticks(range(len(s["fedlag_candidates"])), s["fedlag_candidates"], fontsize=7)
         ax.set_xlabel("warm-up round")
-        ax.set_title(f"{folder.name}: {base}\npersonal: {', '.join(s['fedlag_personal'])}", fontsize=8)
+        ax.set_title(f"{title}: {base}\npersonal: {', '.join(s['fedlag_personal'])}", fontsize=8)
         fig.colorbar(im, ax=ax, label="conflicting pairs (cos < 0)")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +110,8 @@ def main() -> None:
     args = ap.parse_args()
     text = []
     for folder in args.folders:
-        text += [f"### {folder.name}", "", *table(folder), ""]
+        for title, main, fixed in sections(folder):
+            text += [f"### {title}", "", *table(main, fixed), ""]
     out = "\n".join(text)
     print(out)
     if args.table:

@@ -48,3 +48,40 @@ def test_dpo_report_names_unfinished_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts/dpo_report.py"), str(tmp_path / "r"), "--png",
                            str(tmp_path / "f.png")], capture_output=True, text=True)
     assert proc.returncode == 2 and "not finished runs" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _fedlag_run(path: Path, acc: float, personal: list[str] | None = None) -> None:
+    path.mkdir(parents=True)
+    summary = {}
+    if personal is not None:
+        summary = {"fedlag_candidates": ["a.weight", "a.bias", "b.weight"], "fedlag_personal": personal,
+                   "fedlag_conflicts_per_round": [[3, 1, 0], [2, 2, 1]]}
+    (path / "results.json").write_text(json.dumps({"rounds_completed": 4, "rounds": 4, "method_summary": summary,
+                                                   "summary": {"seen/accuracy": acc}}))
+
+
+def test_fedlag_report_reads_reproduce_folders_pairs_seeds_and_skips_what_was_not_run(tmp_path):
+    exp = tmp_path / "fedlag-x"
+    for seed, (off, on) in {41: (0.80, 0.85), 42: (0.82, 0.86)}.items():
+        _fedlag_run(exp / "main-alpha01" / "name=fedavg_top_k=0" / f"seed{seed}", off)
+        _fedlag_run(exp / "main-alpha01" / "name=fedavg_top_k=2" / f"seed{seed}", on, ["a.bias", "b.weight"])
+        _fedlag_run(exp / "fixed-alpha01" / "choice=last" / f"seed{seed}", 0.9)
+    _fedlag_run(exp / "main-alpha01" / "name=ditto_top_k=0" / "seed41", 0.7)  # its top_k = 2 run not finished
+    (exp / "main-alpha01" / "name=ditto_top_k=2" / "seed41").mkdir(parents=True)
+    png, table = tmp_path / "gc.png", tmp_path / "t.md"
+    subprocess.run([sys.executable, str(ROOT / "scripts/fedlag_report.py"), str(exp), "--table", str(table),
+                    "--png", str(png)], check=True, capture_output=True)
+    text = table.read_text()
+    assert "### fedlag-x alpha01" in text
+    # means 81 / 85.5, std (ddof 1) 1.41 / 0.71; paired differences 5 and 4: 4.50 +- 0.71
+    assert "| fedavg | 81.00 +- 1.41 | 85.50 +- 0.71 | 4.50 +- 0.71 | 2 | a.bias, b.weight |" in text
+    assert "| ditto | 70.00 | - | - | 0 | - |" in text
+    assert "fedper" not in text and "Middle-K" not in text
+    assert "| fixed Last-K | 90.00 +- 0.00 | 2 |" in text
+    assert png.stat().st_size > 5_000
+
+
+def test_fedlag_report_names_a_folder_it_cannot_read(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/fedlag_report.py"), str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "neither main/ nor main-<tag>/" in proc.stderr and "Traceback" not in proc.stderr

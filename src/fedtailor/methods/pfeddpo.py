@@ -428,7 +428,10 @@ def _kappa(diag: dict[str, Any]) -> Metrics:
     n = diag["n"]
     out = {}
     for tag, key in (("off", "kappa2"), ("on", "kappa2_eff")):
-        out[key] = diag[f"sq_{tag}"] / n - _sq(diag[f"sum_{tag}"]) / n**2
+        mean_sq = _sq(diag[f"sum_{tag}"]) / n**2  # ||g_bar||^2
+        out[key] = diag[f"sq_{tag}"] / n - mean_sq
+        # The paper's scale-free reading: kappa^2 relative to the squared norm of the mean gradient.
+        out[f"{key}_rel"] = out[key] / mean_sq if mean_sq > 0 else float("nan")
     out["kappa2_adapted"] = diag["sq_off_A"] / n - _sq(diag["sum_off"][diag["mask"]]) / n**2
     out["kappa2_other"] = out["kappa2"] - out["kappa2_adapted"]
     if "adapter_sq" in diag:

@@ -111,6 +111,7 @@ def test_kappa2_is_the_mean_squared_distance_of_client_gradients_from_their_mean
     result = run_federated(method, clients, np.tile(np.arange(3), (1, 1)), progress=False)
     rec = result.history[0]
     assert rec["kappa2"] == pytest.approx(want, rel=1e-4)
+    assert rec["kappa2_rel"] == pytest.approx(want / float((g.mean(0) ** 2).sum()), rel=1e-4)
     assert rec["kappa2_adapted"] + rec["kappa2_other"] == pytest.approx(rec["kappa2"])
     assert rec["kappa2_adapted"] > 0 and rec["kappa2_other"] > 0 and rec["adapter_grad_sq_mean"] > 0
     assert method.summary(result.state.server)["diagnostics_sent"] is True
