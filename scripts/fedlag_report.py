@@ -40,6 +40,16 @@ def _fmt(vals: list[float]) -> str:
     return f"{np.mean(vals):.2f} +- {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else f"{vals[0]:.2f}"
 
 
+def _personal(point: Path) -> str:
+    """The personal layers each finished seed chose, distinct sets with how many seeds chose each."""
+    sets: dict[str, int] = {}
+    for d in sorted(point.glob("seed*")):
+        if _acc(d) is not None:
+            key = ", ".join(json.loads((d / "results.json").read_text())["method_summary"].get("fedlag_personal", []))
+            sets[key] = sets.get(key, 0) + 1
+    return "; ".join(f"{k} ({n})" for k, n in sets.items()) or "-"
+
+
 def sections(folder: Path) -> list[tuple[str, Path, Path]]:
     """(title, main folder, fixed folder) of each section in ``folder``: a sweep pair or the reproduce blocks."""
     if (folder / "main").is_dir():
@@ -68,13 +78,16 @@ def table(main: Path, fixed: Path) -> list[str]:
         lines.append(f"| {base} | {_fmt(list(off.values()))} | {_fmt(list(on.values()))} | {_fmt(diff)} | "
                      f"{len(both)} | {chosen} |")
     if fixed.exists():
-        lines += ["", "| FedAvg + personal layers chosen by | accuracy | seeds |", "|---|---|---|"]
-        conflict = _seeds(main / "name=fedavg_top_k=2")
-        lines.append(f"| conflict score (FedLAG) | {_fmt(list(conflict.values()))} | {len(conflict)} |")
-        for choice in ("first", "middle", "last"):
-            if (fixed / f"choice={choice}").exists():
-                got = _seeds(fixed / f"choice={choice}")
-                lines.append(f"| fixed {choice.capitalize()}-K | {_fmt(list(got.values()))} | {len(got)} |")
+        lines += ["", "| FedAvg + personal layers chosen by | accuracy | seeds | personal layers (seeds) |",
+                  "|---|---|---|---|"]
+        rows = [("conflict score (FedLAG)", main / "name=fedavg_top_k=2")]
+        rows += [(f"fixed {c.capitalize()}-K", fixed / f"choice={c}") for c in ("first", "middle", "last")]
+        module = fixed.parent / fixed.name.replace("fixed", "unit", 1) / "unit=module"
+        rows.append(("conflict score over modules (weight + bias), top_k = 1", module))
+        for label, point in rows:
+            if point.exists():
+                got = _seeds(point)
+                lines.append(f"| {label} | {_fmt(list(got.values()))} | {len(got)} | {_personal(point)} |")
     return lines
 
 

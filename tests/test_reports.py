@@ -65,7 +65,9 @@ def test_fedlag_report_reads_reproduce_folders_pairs_seeds_and_skips_what_was_no
     for seed, (off, on) in {41: (0.80, 0.85), 42: (0.82, 0.86)}.items():
         _fedlag_run(exp / "main-alpha01" / "name=fedavg_top_k=0" / f"seed{seed}", off)
         _fedlag_run(exp / "main-alpha01" / "name=fedavg_top_k=2" / f"seed{seed}", on, ["a.bias", "b.weight"])
-        _fedlag_run(exp / "fixed-alpha01" / "choice=last" / f"seed{seed}", 0.9)
+        _fedlag_run(exp / "fixed-alpha01" / "choice=last" / f"seed{seed}", 0.9, ["b.weight", "b.bias"])
+        _fedlag_run(exp / "unit-alpha01" / "unit=module" / f"seed{seed}", 0.88, ["b.weight", "b.bias"] if seed == 41
+                    else ["a.weight", "a.bias"])
     _fedlag_run(exp / "main-alpha01" / "name=ditto_top_k=0" / "seed41", 0.7)  # its top_k = 2 run not finished
     (exp / "main-alpha01" / "name=ditto_top_k=2" / "seed41").mkdir(parents=True)
     png, table = tmp_path / "gc.png", tmp_path / "t.md"
@@ -77,7 +79,9 @@ def test_fedlag_report_reads_reproduce_folders_pairs_seeds_and_skips_what_was_no
     assert "| fedavg | 81.00 +- 1.41 | 85.50 +- 0.71 | 4.50 +- 0.71 | 2 | a.bias, b.weight |" in text
     assert "| ditto | 70.00 | - | - | 0 | - |" in text
     assert "fedper" not in text and "Middle-K" not in text
-    assert "| fixed Last-K | 90.00 +- 0.00 | 2 |" in text
+    assert "| fixed Last-K | 90.00 +- 0.00 | 2 | b.weight, b.bias (2) |" in text
+    assert "| conflict score over modules (weight + bias), top_k = 1 | 88.00 +- 0.00 | 2 | b.weight, b.bias (1); " \
+           "a.weight, a.bias (1) |" in text
     assert png.stat().st_size > 5_000
 
 

@@ -71,14 +71,16 @@ class Experiment:
 
 
 def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
-    """Every base with and without FedLAG (``top_k = 0`` is the base exactly) and the fixed First/Middle/Last-K,
-    at both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``."""
+    """Every base with and without FedLAG (``top_k = 0`` is the base exactly), the fixed First/Middle/Last-K, and
+    FedLAG scoring modules (a module's weight and bias as one layer; ``top_k = 1``: half of the DNN's two layers) at
+    both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``."""
     bases = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
     out = []
     for a in ("01", "10"):
         config = f"configs/fedlag/{prefix}-alpha{a}.toml"
         out += [Block(f"main-alpha{a}", config, (("method.name", bases), ("method.fedlag.top_k", ("0", "2")))),
-                Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),))]
+                Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),)),
+                Block(f"unit-alpha{a}", config, (("method.fedlag.unit", ("module",)),), ("method.fedlag.top_k=1",))]
     return tuple(out)
 
 
