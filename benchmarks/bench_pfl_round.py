@@ -5,7 +5,11 @@ the global model per client), measured side by side in one run, on the DNN and t
 0.1. All three paths use the same batch orders, and the benchmark asserts that they give the same model.
 Also times FedLAG's conflict scoring (all pairwise cosines of every layer from one Gram matrix each).
 
-    python benchmarks/bench_pfl_round.py [--threads 2] [--repeat 3] [--models dnn,fedavgcnn] [--alphas 1.0,0.1]
+    python benchmarks/bench_pfl_round.py [--threads 2] [--repeat 3] [--models dnn,fedavgcnn] [--alphas 1.0,0.1] \
+        [--device cpu|cuda]
+
+On CUDA the fedtailor paths keep every client's records on the GPU; the PFLlib-style loop keeps them on the CPU
+and moves each batch to the GPU, as PFLlib's clients do. Times are taken after ``torch.cuda.synchronize()``.
 """
 
 from __future__ import annotations
@@ -30,32 +34,43 @@ from fedtailor.methods.fedlag import conflict_counts  # noqa: E402
 from fedtailor.models.parts import layer_units  # noqa: E402
 
 
-def pfllib_round(method, setup, rnd: int) -> tuple[dict[str, torch.Tensor], float]:
-    """PFLlib's shape: per client a deep copy of the global model, a DataLoader and an optimizer."""
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def pfllib_round(method, setup, rnd: int, host: dict[int, tuple[torch.Tensor, torch.Tensor]]
+                 ) -> tuple[dict[str, torch.Tensor], float]:
+    """PFLlib's shape: per client a deep copy of the global model, a DataLoader over the client's records in host
+    memory (``host``) and an optimizer; each batch is moved to the model's device."""
+    device = setup.device
+    _sync(device)
     t0 = time.perf_counter()
     glob = copy.deepcopy(method.model)
     models, weights = [], []
     for cid in (int(c) for c in setup.schedule[rnd - 1]):
         model = copy.deepcopy(glob)
         opt = torch.optim.SGD(model.parameters(), lr=method.lr)
-        x, y = setup.clients[cid].train
-        order = torch.randperm(len(x), generator=method.batches(rnd, cid)).tolist()
+        x, y = host[cid]
+        order = torch.randperm(len(x), generator=method.batches(rnd, cid), device=device).tolist()
         loader = DataLoader(TensorDataset(x, y), batch_size=method.batch_size, sampler=order, drop_last=False)
         model.train()
         for xb, yb in loader:
             opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
+            F.cross_entropy(model(xb.to(device)), yb.to(device)).backward()
             opt.step()
         models.append({n: p.detach() for n, p in model.named_parameters()})
         weights.append(float(len(x)))
     w = torch.tensor(weights) / sum(weights)
     avg = {n: sum(wi * m[n] for wi, m in zip(w.tolist(), models)) for n in models[0]}
+    _sync(device)
     return avg, time.perf_counter() - t0
 
 
 def our_round(method, setup, rnd: int) -> tuple[dict[str, torch.Tensor], float]:
     server = method.init_server()
     cids = [int(c) for c in setup.schedule[rnd - 1]]
+    _sync(setup.device)
     t0 = time.perf_counter()
     msgs = {c: method.configure_fit(server, rnd, c) for c in cids}
     out = method.client_fit_many(msgs, {c: None for c in cids}, {c: setup.clients[c] for c in cids})
@@ -63,6 +78,7 @@ def our_round(method, setup, rnd: int) -> tuple[dict[str, torch.Tensor], float]:
     for c, r in replies.items():
         method.validate_reply(server, "fit", rnd, c, r)
     server, _ = method.aggregate_fit(server, rnd, replies)
+    _sync(setup.device)
     return server.params, time.perf_counter() - t0
 
 
@@ -72,11 +88,13 @@ def scoring_time(method, setup, rnd: int) -> float:
     cids = [int(c) for c in setup.schedule[rnd - 1]]
     out = method.client_fit_many({c: method.configure_fit(server, rnd, c) for c in cids}, {},
                                  {c: setup.clients[c] for c in cids})
+    _sync(setup.device)
     t0 = time.perf_counter()
     for layer in layer_units(method.model, "tensor"):
         rows = torch.stack([torch.cat([(r.arrays[n] - server.params[n]).reshape(-1) for n in layer])
                             for r, _ in out.values()])
         conflict_counts(rows, xi=0.0)
+    _sync(setup.device)
     return time.perf_counter() - t0
 
 
@@ -86,21 +104,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--models", default="dnn,fedavgcnn")
     ap.add_argument("--alphas", default="1.0,0.1")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the records and models live there)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows, notes = [], []
     for model in args.models.split(","):
         for alpha in args.alphas.split(","):
             cfg = load_config("configs/fedlag/mnist-dnn-alpha10.toml", [
-                f'method.model="{model}"', f"data.alpha={alpha}", f"federation.rounds={args.repeat + 1}"])
+                f'method.model="{model}"', f"data.alpha={alpha}", f"federation.rounds={args.repeat + 1}",
+                f'device="{args.device}"'])
             setup = build_setup(cfg)
+            host = {c: (cl.train[0].cpu(), cl.train[1].cpu()) for c, cl in setup.clients.items()}
             fast, slow = build_method(setup), build_method(setup)
             fast.base.vectorize, slow.base.vectorize = True, False
             times: dict[str, list[float]] = {"vectorized": [], "per-client": [], "pfllib": []}
             for rnd in range(1, args.repeat + 2):
                 a, ta = our_round(fast.base, setup, rnd)
                 b, tb = our_round(slow.base, setup, rnd)
-                c, tc = pfllib_round(slow.base, setup, rnd)
+                c, tc = pfllib_round(slow.base, setup, rnd, host)
                 for n in a:  # same batches and arithmetic: the same model, to float rounding (accumulated over ~250 steps)
                     torch.testing.assert_close(a[n], c[n], rtol=1e-3, atol=1e-4)
                     torch.testing.assert_close(b[n], c[n], rtol=1e-3, atol=1e-4)
@@ -116,7 +137,8 @@ def main() -> None:
                          "conflict scoring (% of vectorized round)": 100 * score / med["vectorized"]})
             notes.append(f"- {model}, alpha {alpha}: client training sizes {sizes[0]}..{sizes[-1]} "
                          f"(median {sizes[len(sizes) // 2]}), conflict scoring {1e3 * score:.1f} ms")
-    report(f"FedAvg round of the FedLAG setup: 20 MNIST clients, batch 16, {args.threads} threads", rows,
+    where = f"{args.threads} threads" if setup.device.type == "cpu" else torch.cuda.get_device_name(setup.device)
+    report(f"FedAvg round of the FedLAG setup: 20 MNIST clients, batch 16, {where}", rows,
            notes="\n".join(notes))
 
 
