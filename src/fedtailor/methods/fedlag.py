@@ -1,5 +1,6 @@
-"""FedLAG: *Layer-wise personalized federated learning via gradient conflict* (FedLAG), as one wrapper around any
-parameter-sharing method of :mod:`fedtailor.methods.pfl` (FedAvg, FedProx, FedPer, FedRep, FedBABU, Ditto,
+"""FedLAG (Federated Learning with Layer-wise Aggregation via Gradient Analysis), from *Towards Layer-Wise
+Personalized Federated Learning: Adaptive Layer Disentanglement via Conflicting Gradients*, as one wrapper around
+any parameter-sharing method of :mod:`fedtailor.methods.pfl` (FedAvg, FedProx, FedPer, FedRep, FedBABU, Ditto,
 FedRoD), in the shape of a strategy wrapper: the base method runs unchanged, the wrapper only decides which
 layers the base shares.
 
