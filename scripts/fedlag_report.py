@@ -3,7 +3,7 @@ paired differences), the First/Middle/Last-K comparison, and a heat map of the c
 warm-up.
 
     python scripts/fedlag_report.py runs/fedlag-mnist-a01 [runs/fedlag-mnist-a10 ...] \
-        --table docs/figures/fedlag_mnist.md --png docs/figures/fedlag_gc_mnist.png
+        --table docs/results/fedlag-mnist/fedlag.md --png docs/figures/fedlag_gc_mnist.png
 
 Each folder holds ``main/`` (grid method.name x method.fedlag.top_k=0,2) and optionally ``fixed/`` (grid
 method.fedlag.choice=first,middle,last with FedAvg), as written by the sweep commands of docs/fedlag.md, or is an
