@@ -102,8 +102,8 @@ def _check_out(out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, An
 
 
 def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
-    """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``), means of the
-    other numeric metrics (``*_mean``)."""
+    """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``), of the
+    rejected and abstained replies (``*_total``), means of the other numeric metrics (``*_mean``)."""
     keys = sorted({k for r in history for k, v in r.items() if isinstance(v, (int, float)) and k != "round"})
     out: dict[str, float] = {}
     for k in keys:
@@ -111,6 +111,8 @@ def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
         if k.endswith("_bytes"):
             out[k] = sum(vals)
             out[k[: -len("_bytes")] + "_MB"] = sum(vals) / 1e6
+        elif k in ("rejected", "abstained"):
+            out[k + "_total"] = sum(vals)
         else:
             out[k + "_mean"] = sum(vals) / len(vals)
     return out

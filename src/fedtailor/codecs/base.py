@@ -1,9 +1,12 @@
 """The codec interface: a release ``u + N(0, sigma^2 I)`` realised as one variable-length byte string.
 
 Every codec maps a float vector ``u`` and a per-release key to ``bytes`` (``encode``) and back to the noisy
-float64 vector (``decode``). The key is the shared randomness of one release; it is derived from
-(secret, client, round) by :func:`release_key` and must never be reused for another release. Keys are 256-bit
-ints; every random word a codec uses comes from :func:`fedtailor.privacy.noise.stream_words` (SHAKE-256).
+float64 vector (``decode``). The key is what encoder and decoder share for one release (LRSUQ: its shared
+randomness; the dense codecs: only the header's check tag); it is derived from (secret, client, round) by
+:func:`release_key` and must never be reused for another release. A codec whose noise the decoder does not need
+(``private_noise``: DG FP32, DG+Q12) draws it from ``noise_key``, a key the encoder never shares, so that the
+holder of the shared key cannot regenerate it. Keys are 256-bit ints; every random word a codec uses comes from
+:func:`fedtailor.privacy.noise.stream_words` (SHAKE-256).
 Every failure to decode raises :class:`CodecError` with a message that names the problem.
 """
 
@@ -47,10 +50,17 @@ class Codec(ABC):
 
     name: str
     codec_id: int
+    #: True when the decoder needs none of the noise's randomness (the noise is drawn from ``noise_key``, which
+    #: never leaves the encoder); False when the noise is a function of the shared key (LRSUQ's quantisation
+    #: error: the decoder, holding the key, knows each block's layer and dithers, docs/privacy.md).
+    private_noise: bool = False
 
     @abstractmethod
-    def encode(self, u: np.ndarray, *, key: int, sigma: float) -> bytes:
-        """One release of ``u`` (shape ``(d,)``) with noise scale ``sigma`` and shared randomness ``key``."""
+    def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
+        """One release of ``u`` (shape ``(d,)``) with noise scale ``sigma`` and shared key ``key``.
+
+        ``noise_key``: the encoder's own key for codecs with ``private_noise`` (ignored by the others); None
+        draws the noise from ``key`` (simulation: whoever holds ``key`` can then regenerate the noise)."""
 
     @abstractmethod
     def decode(self, message: bytes, *, key: int, sigma: float, dim: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Direct Gaussian baselines (compared variants, ``docs/compact.md``): DG FP32 and DG+Q12.
 
-* ``dg-fp32``: ``y = u + e``, ``e ~ N(0, sigma^2 I)`` drawn from the release key, sent as dense float32
+* ``dg-fp32``: ``y = u + e``, ``e ~ N(0, sigma^2 I)`` drawn from the encoder's private ``noise_key`` (the shared
+  release key only makes the header's check tag, so its holder cannot regenerate ``e``), sent as dense float32
   (32 bits per coefficient). The decoded vector is ``y`` rounded to float32.
 * ``dg-q12``: the communication comparison of *Privacy-Aligned Personalized Federated Learning with Compact
   Adaptation and Variable-Length Gaussian Communication*: the noisy vector quantised *after* noising to 12
@@ -26,6 +27,11 @@ def gaussian_noise(key: int, sigma: float, dim: int) -> np.ndarray:
     return noise.gaussian_noise(key, "dg", sigma=sigma, size=dim)
 
 
+def _noise_key(key: int, noise_key: int | None) -> int:
+    """The key the dense noise is drawn from: the encoder's own ``noise_key``, else (simulation) the shared key."""
+    return key if noise_key is None else check_key(noise_key)
+
+
 def _decode_args(key: object, sigma: object, dim: object, *, allow_zero: bool = False) -> tuple[int, float, int]:
     try:
         return check_key(key), check_sigma(sigma, allow_zero=allow_zero), check_dim(dim)
@@ -40,11 +46,12 @@ class DirectGaussianCodec(Codec):
     name = "dg-fp32"
     codec_id = 1
     frame = Frame(1, 0, 0, 0)
+    private_noise = True
 
-    def encode(self, u: np.ndarray, *, key: int, sigma: float) -> bytes:
+    def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
         key, sigma = check_key(key), check_sigma(sigma, allow_zero=True)
         u = check_input(u, sigma, bound_sigmas=False)
-        y = (u + gaussian_noise(key, sigma, u.size)).astype("<f4")
+        y = (u + gaussian_noise(_noise_key(key, noise_key), sigma, u.size)).astype("<f4")
         if not np.all(np.isfinite(y)):
             raise ValueError("u + noise overflows float32; rescale u")
         return seal(self.frame, dim=u.size, key=key, sigma=sigma, payload=y.tobytes())
@@ -95,11 +102,12 @@ class DGQ12Codec(Codec):
     name = "dg-q12"
     codec_id = 2
     frame = Frame(2, 0, 0, 0)
+    private_noise = True
 
-    def encode(self, u: np.ndarray, *, key: int, sigma: float) -> bytes:
+    def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
         key, sigma = check_key(key), check_sigma(sigma)
         u = check_input(u, sigma, bound_sigmas=False)
-        y = u + gaussian_noise(key, sigma, u.size)
+        y = u + gaussian_noise(_noise_key(key, noise_key), sigma, u.size)
         lo, hi = float(y.min()), float(y.max())
         if not np.isfinite(hi - lo):
             raise ValueError("the range of u + noise overflows float64; rescale u")

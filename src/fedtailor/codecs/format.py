@@ -132,12 +132,23 @@ def pad(message: bytes, *, size: int) -> bytes:
     A variable-length release whose size would reveal something about its input is sent padded: every padded
     message of a run has the same size. A message that does not fit is refused (``ValueError``) rather than
     sent at another size."""
-    if len(message) + _PAD_HEADER.size > size:
+    if not fits(message, size=size):  # the true length is not in the text: it is a function of the input
         raise ValueError(
-            f"a release of {len(message)} bytes does not fit the fixed message size of {size} bytes; set "
-            "method.pad_bytes larger (the default comes from public probes and is exceeded with negligible probability)"
+            f"a release does not fit the fixed message size of {size} bytes; set method.pad_bytes larger (the "
+            "default comes from public probes and is exceeded with negligible probability)"
         )
     return _PAD_HEADER.pack(PAD_MAGIC, len(message)) + message + bytes(size - _PAD_HEADER.size - len(message))
+
+
+def fits(message: bytes, *, size: int) -> bool:
+    """Whether ``message`` pads to ``size`` bytes."""
+    return len(message) + _PAD_HEADER.size <= size
+
+
+def abstention(size: int) -> bytes:
+    """The fixed-size message that stands in for a release too long for ``size``: a padded empty message, of the
+    same size as every other (:func:`unpad` gives ``b""``, which no codec produces)."""
+    return pad(b"", size=size)
 
 
 def unpad(blob: bytes, *, size: int) -> bytes:

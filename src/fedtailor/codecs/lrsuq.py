@@ -213,7 +213,8 @@ class LRSUQCodec(Codec):
     def blocks_of(self, dim: int) -> int:
         return -(-dim // self.block_size)
 
-    def encode(self, u: np.ndarray, *, key: int, sigma: float) -> bytes:
+    def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
+        """``noise_key`` is ignored: LRSUQ's noise is its quantisation error, a function of the shared key."""
         key, sigma = check_key(key), check_sigma(sigma)
         u = check_input(u, sigma, bound_sigmas=True)
         n = self.blocks_of(u.size)

@@ -25,7 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
+from fedtailor.fl.records import (
+    Abstained, ClientData, InvalidMessage, Message, Metrics, RoundRejected, TrainingDiverged, check_metrics)
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,24 @@ def summarize(evaluation: Mapping[int, Metrics], clients: Mapping[int, ClientDat
 def evaluate_clients(method: Method, state: LoopState, clients: Mapping[int, ClientData]) -> dict[int, Metrics]:
     """Run the evaluate phase on every client that has evaluation data (their persistent state is read, not
     changed)."""
-    out = {}
+    replies = {}
     for cid in sorted(c for c in clients if clients[c].eval is not None):
         msg = method.configure_evaluate(state.server, cid)
-        out[cid] = method.client_evaluate(msg, state.clients.get(cid, method.init_client(cid)), clients[cid])
+        replies[cid] = method.client_evaluate(msg, state.clients.get(cid, method.init_client(cid)), clients[cid])
+    return accept_evaluation(replies, asked=set(replies))
+
+
+def accept_evaluation(replies: Mapping[Any, Any], *, asked: set[int]) -> dict[int, Metrics]:
+    """The evaluation replies the server uses: from a client that was asked, each a dict of finite metrics with
+    a positive ``num_examples`` (:func:`~fedtailor.fl.records.check_metrics`); any other is dropped and logged."""
+    out = {}
+    for cid, metrics in replies.items():
+        try:
+            if isinstance(cid, bool) or not isinstance(cid, int) or cid not in asked:
+                raise InvalidMessage(f"client {cid!r} was not asked for an evaluation.")
+            out[cid] = check_metrics(metrics)
+        except InvalidMessage as err:
+            log.warning("rejected evaluation reply of client %r: %s", cid, err)
     return out
 
 
@@ -85,8 +100,17 @@ def save_checkpoint(path: Path, state: LoopState, schedule: np.ndarray) -> None:
     """Atomically write the loop state (temp file + rename: a crash mid-write never corrupts the last one)."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"format": 1, "schedule": _schedule_digest(schedule), "state": state}, tmp)
+    with open_private(tmp) as f:  # it may hold decoding keys (docs/privacy.md): owner-only
+        torch.save({"format": 1, "schedule": _schedule_digest(schedule), "state": state}, f)
     os.replace(tmp, path)
+
+
+def open_private(path: Path):  # noqa: ANN201 - a binary file object
+    """``path`` opened for writing with mode 0600 from its creation (files that hold keys: checkpoints, the
+    Flower server state); an existing file is truncated and set to 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
 
 
 class CheckpointError(ValueError):
@@ -169,11 +193,39 @@ def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:
     return blob["state"]
 
 
-def _accept(method: Method, server: Any, phase: str, rnd: int, cid: int, reply: Message) -> bool:
+@dataclass
+class Verdicts:
+    """What the server made of a phase's replies: the reason of each rejection and the abstentions."""
+
+    rejected: dict[int, str] = field(default_factory=dict)
+    abstained: list[int] = field(default_factory=list)
+
+    def check(self, rnd: int, accepted: int) -> None:
+        """A round in which replies came and every one was rejected is an error with the reasons."""
+        if self.rejected and not accepted and not self.abstained:
+            reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(self.rejected.items())[:5])
+            raise RoundRejected(f"round {rnd}: every reply was rejected, so the round changes nothing and the run "
+                                f"stops ({reasons}).")
+
+
+def accept(method: Method, server: Any, phase: str, rnd: int, cid: int, reply: Any, *, asked: set[int],
+           verdicts: Verdicts) -> bool:
+    """Whether the server takes ``reply`` of ``cid``: a client that was asked, a :class:`Message`, and the
+    method's ``validate_reply``. Every failure while checking it, of any kind, rejects that reply alone (logged,
+    recorded in ``verdicts``); the server state is what it was (docs/privacy.md, "What the server accepts")."""
     try:
+        if cid not in asked:
+            raise InvalidMessage(f"client {cid!r} was not asked for a {phase} reply in round {rnd}.")
+        if not isinstance(reply, Message):
+            raise InvalidMessage(f"a reply must be a message, got {type(reply).__name__}.")
         method.validate_reply(server, phase, rnd, cid, reply)
-    except InvalidMessage as err:
-        log.warning("round %d: rejected %s reply from client %d: %s", rnd, phase, cid, err)
+    except Abstained:
+        verdicts.abstained.append(cid)
+        return False
+    except Exception as err:  # noqa: BLE001 - a hostile reply must not crash the server, whatever it triggers
+        reason = str(err) if isinstance(err, InvalidMessage) else f"{type(err).__name__} while checking it"
+        log.warning("round %d: rejected %s reply from client %s: %s", rnd, phase, cid, reason)
+        verdicts.rejected[cid] = reason
         return False
     return True
 
@@ -254,13 +306,13 @@ def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:
     """The state before round 1: the initial server state after the one-shot setup exchange (if any)."""
     state = LoopState(round=0, server=method.init_server())
     replies: dict[int, Message] = {}
-    for cid in sorted(clients):
-        msg = method.configure_setup(state.server, cid)
-        if msg is None:
-            continue
+    msgs = {cid: m for cid in sorted(clients) if (m := method.configure_setup(state.server, cid)) is not None}
+    verdicts = Verdicts()
+    for cid, msg in msgs.items():
         reply, state.clients[cid] = method.client_setup(msg, method.init_client(cid), clients[cid])
-        if _accept(method, state.server, "setup", 0, cid, reply):
+        if accept(method, state.server, "setup", 0, cid, reply, asked=set(msgs), verdicts=verdicts):
             replies[cid] = reply
+    verdicts.check(0, len(replies))
     if replies:
         state.server = method.aggregate_setup(state.server, replies)
     return state
@@ -278,13 +330,14 @@ def _fit_round(
     msgs = {cid: method.configure_fit(state.server, rnd, cid) for cid in order}
     prev = {cid: state.clients[cid] if cid in state.clients else method.init_client(cid) for cid in order}
     results = method.client_fit_many(msgs, prev, {cid: clients[cid] for cid in order})
+    verdicts = Verdicts()
     for cid in order:
         reply, state.clients[cid] = results[cid]  # the client keeps its own state
-        if _accept(method, state.server, "fit", rnd, cid, reply):
+        if accept(method, state.server, "fit", rnd, cid, reply, asked=set(order), verdicts=verdicts):
             replies[cid] = reply
             uplink += reply.nbytes()
-    record: dict[str, Any] = {"round": rnd, "clients": [int(c) for c in selected],
-                              "rejected": len(selected) - len(replies), "uplink_bytes": uplink}
+    verdicts.check(rnd, len(replies))
+    record = _round_record(rnd, selected, verdicts, uplink)
     if replies:
         state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
         record.update(metrics)
@@ -292,21 +345,33 @@ def _fit_round(
     return record
 
 
+def _round_record(rnd: int, selected: np.ndarray, verdicts: Verdicts, uplink: int) -> dict[str, Any]:
+    """A round's record: who was asked, how many replies were rejected or abstained, the uplink bytes of the
+    accepted replies."""
+    record: dict[str, Any] = {"round": rnd, "clients": [int(c) for c in selected],
+                              "rejected": len(verdicts.rejected), "uplink_bytes": uplink}
+    if verdicts.abstained:
+        record["abstained"] = len(verdicts.abstained)
+    return record
+
+
 def _fit_round_streaming(method: Method, state: LoopState, clients: Mapping[int, ClientData], rnd: int,
                          selected: np.ndarray, t0: float) -> dict[str, Any]:
     """A round of a streaming method: each client's reply is validated and folded in before the next runs."""
     acc, accepted, uplink = None, 0, 0
-    for cid in (int(c) for c in selected):
+    order = [int(c) for c in selected]
+    verdicts = Verdicts()
+    for cid in order:
         msg = method.configure_fit(state.server, rnd, cid)
         prev = state.clients[cid] if cid in state.clients else method.init_client(cid)
         reply, state.clients[cid] = method.client_fit(msg, prev, clients[cid])
-        if _accept(method, state.server, "fit", rnd, cid, reply):
+        if accept(method, state.server, "fit", rnd, cid, reply, asked=set(order), verdicts=verdicts):
             acc = method.fold_fit(state.server, rnd, acc, cid, reply)
             accepted += 1
             uplink += reply.nbytes()
         del reply, msg
-    record: dict[str, Any] = {"round": rnd, "clients": [int(c) for c in selected],
-                              "rejected": len(selected) - accepted, "uplink_bytes": uplink}
+    verdicts.check(rnd, accepted)
+    record = _round_record(rnd, selected, verdicts, uplink)
     if accepted:
         state.server, metrics = method.finish_fit(state.server, rnd, acc)
         record.update(metrics)

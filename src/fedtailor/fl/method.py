@@ -100,6 +100,11 @@ class Method(ABC, Generic[S, C]):
         """Method-specific facts for the run's results (e.g. eps and sigma); JSON-serialisable."""
         return {}
 
+    def deployment_risks(self) -> dict[str, str]:
+        """Settings of this method that void its guarantee outside simulation, by name (``simulation-randomness``,
+        ``diagnostics``, ``unpadded``) with the reason; a deployment refuses each unless explicitly allowed."""
+        return {}
+
     def artifacts(self, server: S) -> dict[str, str]:
         """Files (name -> text) the run directory keeps besides the results, e.g. the privacy ledger."""
         return {}

@@ -32,6 +32,25 @@ class InvalidMessage(ValueError):
     """A reply that the server rejects (wrong shape, dtype, non-finite values, missing fields, bad bytes)."""
 
 
+class Abstained(InvalidMessage):
+    """A client's fixed-size abstention in place of a release it could not send at the fixed size: not
+    aggregated, charged as the release it replaces, and counted apart from rejections."""
+
+
+class RequestRefused(ValueError):
+    """A client refuses what the server asks of it (a noise scale below its own calibration, a round it has
+    already released for or is not scheduled in, another message size): nothing is released."""
+
+
+class RoundRejected(ValueError):
+    """Every reply of a round was rejected: the run stops with the reasons instead of a silent round."""
+
+
+#: Largest magnitude a received float may have: the square of anything larger overflows float32, so no norm or
+#: mean of it is meaningful (no trained model comes near it; a hostile 1e30 does).
+MAX_MAGNITUDE = 2.0**64
+
+
 @dataclass
 class Message:
     """Named tensors (``arrays``) and scalars or byte strings (``config``)."""
@@ -46,18 +65,33 @@ class Message:
             n += len(v) if isinstance(v, (bytes, str)) else 8
         return n
 
-    def array(self, name: str, *, shape: tuple[int, ...] | None = None, finite: bool = True) -> torch.Tensor:
-        """The array ``name``, checked: present, a floating tensor of ``shape``, finite. Raises InvalidMessage."""
+    def array(self, name: str, *, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None,
+              finite: bool = True) -> torch.Tensor:
+        """The array ``name``, checked: present, a tensor of ``shape`` and exactly ``dtype``, finite and below
+        :data:`MAX_MAGNITUDE` if floating. Raises InvalidMessage."""
         if name not in self.arrays:
-            raise InvalidMessage(f"message lacks array {name!r} (has {sorted(self.arrays)}).")
+            raise InvalidMessage(f"message lacks array {name!r} (has {sorted(self.arrays)[:5]}).")
         t = self.arrays[name]
         if not isinstance(t, torch.Tensor):
             raise InvalidMessage(f"array {name!r} is a {type(t).__name__}, expected a tensor.")
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise InvalidMessage(f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}.")
-        if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise InvalidMessage(f"array {name!r} contains NaN or infinite values.")
+        if dtype is not None and t.dtype != dtype:
+            raise InvalidMessage(f"array {name!r} has dtype {t.dtype}, expected {dtype}.")
+        if finite and t.is_floating_point():
+            if not bool(torch.isfinite(t).all()):
+                raise InvalidMessage(f"array {name!r} contains NaN or infinite values.")
+            if t.numel() and float(t.abs().max()) > MAX_MAGNITUDE:
+                raise InvalidMessage(f"array {name!r} holds values beyond {MAX_MAGNITUDE:.3g} in magnitude.")
         return t
+
+    def only(self, *, arrays: set[str] | frozenset[str] = frozenset(),
+             config: set[str] | frozenset[str] = frozenset()) -> None:
+        """Refuse any array or config key outside the given sets (a reply carries what was asked, nothing
+        else). Raises InvalidMessage."""
+        extra = sorted(set(self.arrays) - set(arrays)) + sorted(set(self.config) - set(config))
+        if extra:
+            raise InvalidMessage(f"reply carries unexpected fields {extra[:5]}.")
 
     def value(self, name: str, kind: type | tuple[type, ...]) -> Any:
         """The config value ``name`` of type ``kind`` (finite if a float). Raises InvalidMessage."""
@@ -71,6 +105,23 @@ class Message:
         if isinstance(v, float) and not math.isfinite(v):
             raise InvalidMessage(f"config value {name!r} is not finite: {v}.")
         return v
+
+
+def check_metrics(metrics: object) -> Metrics:
+    """An evaluation reply as the server may use it: a dict of metric names to finite numbers that includes a
+    positive ``num_examples``. Raises InvalidMessage."""
+    if not isinstance(metrics, dict) or not metrics:
+        raise InvalidMessage(f"an evaluation reply must be a dict of metrics, got {type(metrics).__name__}.")
+    out: Metrics = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InvalidMessage(f"evaluation metric {k!r} must be a finite number, got {v!r}.")
+        if abs(v) > MAX_MAGNITUDE:
+            raise InvalidMessage(f"evaluation metric {k!r} = {v!r} is beyond {MAX_MAGNITUDE:.3g} in magnitude.")
+        out[k] = float(v)
+    if out.get("num_examples", 0.0) <= 0:
+        raise InvalidMessage("an evaluation reply must report a positive num_examples.")
+    return out
 
 
 @dataclass

@@ -3,7 +3,9 @@
 
 Run config keys (``flwr run . FEDERATION -c 'key=value ...'``): ``config`` (a fedtailor config file; default
 the quick start), ``set`` (``;``-separated ``key=value`` overrides, as ``--set``), ``out`` (a folder the server
-writes ``results.json`` into). Node config: ``partition-id`` (which client of the partition the node is).
+writes ``results.json`` into), ``allow`` (settings that void the guarantee and are refused otherwise:
+``simulation-randomness``, ``diagnostics``, ``unpadded``). Node config: ``partition-id`` (which client of the
+partition the node is), ``allow`` (the same names: a node refuses them unless its own operator allows them).
 
 Both halves build the run from the same config (:func:`fedtailor.experiment.build_setup`): the server uses the
 method and the schedule, a node uses only its own client's records and keeps its persistent client state in
@@ -22,7 +24,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedtailor.fl.records import InvalidMessage
+from fedtailor.flower.binding import NodeBinding, ReplyView
 from fedtailor.flower.records import STATE_KEY, from_records, state_from_bytes, state_to_bytes, to_records
 
 log = logging.getLogger(__name__)
@@ -47,29 +49,44 @@ def _run_config(context: Context) -> tuple[str, str]:
 # ----- server -------------------------------------------------------------------------------------------
 server_app = ServerApp()
 
+#: Settings that void a deployment's guarantee (``Method.deployment_risks``), refused by the ServerApp unless
+#: the run config's ``allow`` key names them (comma-separated), e.g. ``-c "allow='simulation-randomness'"``.
+ALLOW_KEY = "allow"
+
+
+def refuse_unsafe(method: Any, allowed: str) -> None:
+    """Raise unless every risky setting of ``method`` (simulation randomness, diagnostics, unpadded messages) is
+    named in ``allowed``: a deployment never derives its noise from a public seed or sends diagnostics by
+    default."""
+    names = {a.strip() for a in allowed.split(",") if a.strip()}
+    risks = {k: v for k, v in method.deployment_risks().items() if k not in names}
+    if risks:
+        why = "; ".join(f"{k}: {v}" for k, v in risks.items())
+        raise RuntimeError(f"refused to deploy: {why}. Change the config, or accept it explicitly with the run "
+                           f"config key {ALLOW_KEY}='{','.join(risks)}'.")
+
 
 @server_app.main()
 def server_main(grid: Grid, context: Context) -> None:
     setup, method = _build(*_run_config(context))
-    nodes = _nodes_by_partition(grid, len(setup.clients))
+    refuse_unsafe(method, str(context.run_config.get(ALLOW_KEY, "")))
+    binding = _bind_nodes(grid, len(setup.clients))
     dead: set[int] = set()  # nodes that failed once are not asked again in this run (their clients are "lost")
 
     def exchange(kind: str, msgs: dict[int, Any]) -> dict[int, Any]:
-        out = [FlowerMessage(content=_with_cid(to_records(m), cid, kind), dst_node_id=nodes[cid], message_type=kind)
-               for cid, m in msgs.items() if nodes[cid] not in dead]
-        replies = {}
-        answered: set[int] = set()
-        for reply in grid.send_and_receive(out):
+        out = {cid: FlowerMessage(content=_with_cid(to_records(m), cid, kind), dst_node_id=binding.node_of[cid],
+                                  message_type=kind)
+               for cid, m in msgs.items() if binding.node_of[cid] not in dead}
+        views, answered = [], set()
+        for reply in grid.send_and_receive(list(out.values())):
             if reply.has_error():  # e.g. NODE_UNAVAILABLE once a killed node misses its heartbeats
                 log.warning("%s: a node failed (%s); its client is left out from now on", kind, reply.error.reason)
                 continue
             answered.add(reply.metadata.src_node_id)
-            cid = int(reply.content["meta"]["cid"])
-            try:
-                replies[cid] = from_records(reply.content) if kind != "evaluate" else dict(reply.content["config"])
-            except InvalidMessage as err:
-                log.warning("%s: unreadable reply of client %d: %s", kind, cid, err)
-        dead.update({m.metadata.dst_node_id for m in out} - answered)  # an error or no reply: lost from now on
+            views.append(_view(kind, reply))
+        sent = {m.metadata.message_id: cid for cid, m in out.items()}
+        replies, _ = binding.match(sent, views)
+        dead.update({m.metadata.dst_node_id for m in out.values()} - answered)  # no reply: lost from now on
         return replies
 
     server, history, evaluation = drive(method, setup, exchange)
@@ -78,57 +95,77 @@ def server_main(grid: Grid, context: Context) -> None:
         _write(Path(str(out)), method, setup, server, history, evaluation)
 
 
+def _view(kind: str, reply: FlowerMessage) -> ReplyView:
+    """A reply as the binding reads it; content that cannot be read becomes None (rejected by the driver)."""
+    claimed = None
+    try:
+        claimed = reply.content["meta"]["cid"] if "meta" in reply.content else None
+    except Exception:  # noqa: BLE001 - a malformed meta record from the network
+        claimed = "unreadable"
+    try:
+        content: Any = from_records(reply.content) if kind != "evaluate" else dict(reply.content["config"])
+    except Exception as err:  # noqa: BLE001 - InvalidMessage or a missing record: the reply is refused
+        log.warning("%s: unreadable reply from node %s: %s", kind, reply.metadata.src_node_id, err)
+        content = None
+    return ReplyView(reply_to=reply.metadata.reply_to_message_id, src_node=reply.metadata.src_node_id,
+                     claimed_cid=claimed, content=content)
+
+
 def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, Any]], dict[int, dict[str, float]]]:
     """The server's side of a whole run, with the transport abstracted: ``exchange(kind, {cid: Message})``
     returns the replies that came back (``kind`` is ``query.setup``, ``train`` or ``evaluate``). Replies are
-    validated as in the in-process loop; clients that did not answer are recorded per round as ``lost``."""
-    from fedtailor.fl.loop import LoopState
+    checked as in the in-process loop (:func:`fedtailor.fl.loop.accept`: a reply only from a client that was
+    asked, any failure while checking it a rejection of that reply); clients that did not answer are recorded per
+    round as ``lost``; a round whose every reply was rejected stops the run with the reasons."""
+    from fedtailor.fl.loop import LoopState, Verdicts, accept, accept_evaluation
 
     state = LoopState(round=0, server=method.init_server())
 
-    def accepted(phase: str, rnd: int, replies: dict[int, Any]) -> dict[int, Any]:
-        ok = {}
-        for cid, reply in replies.items():
-            try:
-                method.validate_reply(state.server, phase, rnd, cid, reply)
-                ok[cid] = reply
-            except InvalidMessage as err:
-                log.warning("round %d: rejected %s reply from client %d: %s", rnd, phase, cid, err)
-        return ok
+    def accepted(phase: str, rnd: int, asked: set[int], replies: dict[int, Any]) -> tuple[dict[int, Any], Verdicts]:
+        verdicts = Verdicts()
+        ok = {cid: r for cid, r in replies.items()
+              if accept(method, state.server, phase, rnd, cid, r, asked=asked, verdicts=verdicts)}
+        verdicts.check(rnd, len(ok))
+        return ok, verdicts
 
     setup_msgs = {cid: m for cid in sorted(setup.clients) if (m := method.configure_setup(state.server, cid)) is not None}
     if setup_msgs:
-        replies = accepted("setup", 0, exchange("query.setup", setup_msgs))
+        replies, _ = accepted("setup", 0, set(setup_msgs), exchange("query.setup", setup_msgs))
         if replies:
             state.server = method.aggregate_setup(state.server, replies)
     history = []
     for rnd in range(1, len(setup.schedule) + 1):
         cids = [int(c) for c in setup.schedule[rnd - 1]]
         came = exchange("train", {c: method.configure_fit(state.server, rnd, c) for c in cids})
-        replies = accepted("fit", rnd, came)
+        replies, verdicts = accepted("fit", rnd, set(cids), came)
         record: dict[str, Any] = {"round": rnd, "clients": cids, "lost": sorted(set(cids) - set(came)),
-                                  "rejected": len(came) - len(replies)}
+                                  "rejected": len(verdicts.rejected)}
+        if verdicts.abstained:
+            record["abstained"] = len(verdicts.abstained)
         if replies:
             state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
             record.update(metrics)
         history.append(record)
+        log.info("round %d/%d: %s", rnd, len(setup.schedule), record)
         state.round = rnd
-    evaluation = exchange("evaluate", {c: method.configure_evaluate(state.server, c) for c in sorted(setup.clients)
-                                       if setup.clients[c].eval is not None})
+    asked = {c for c in sorted(setup.clients) if setup.clients[c].eval is not None}
+    evaluation = accept_evaluation(exchange("evaluate", {c: method.configure_evaluate(state.server, c) for c in asked}),
+                                   asked=asked)
     return state.server, history, evaluation
 
 
 def _write(out: Path, method: Any, setup: Any, server: Any, history: list, evaluation: dict) -> None:
     import torch
 
-    from fedtailor.fl.loop import summarize
+    from fedtailor.fl.loop import open_private, summarize
     from fedtailor.runner import write_json
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", {
         "summary": summarize(evaluation, setup.clients), "history": history,
         "per_client": {str(c): m for c, m in sorted(evaluation.items())}, "method_summary": method.summary(server)})
-    torch.save(server, out / "server_state.pt")
+    with open_private(out / "server_state.pt") as f:  # may hold the decoder's key ring: owner-only
+        torch.save(server, f)
 
 
 def _with_cid(records: RecordDict, cid: int, kind: str) -> RecordDict:
@@ -136,8 +173,9 @@ def _with_cid(records: RecordDict, cid: int, kind: str) -> RecordDict:
     return records
 
 
-def _nodes_by_partition(grid: Grid, clients: int) -> dict[int, int]:
-    """Client id -> node id, from each node's ``partition-id`` (asked once; every client needs a node)."""
+def _bind_nodes(grid: Grid, clients: int) -> NodeBinding:
+    """Client id -> node id, from each node's ``partition-id`` (asked once, at the start; every client needs
+    exactly one node, :meth:`NodeBinding.from_claims`)."""
     import time
 
     deadline = time.time() + 120
@@ -148,15 +186,14 @@ def _nodes_by_partition(grid: Grid, clients: int) -> dict[int, int]:
         time.sleep(1)
     asks = [FlowerMessage(content=RecordDict({"meta": ConfigRecord({"kind": "query.partition"})}), dst_node_id=n,
                           message_type="query.partition") for n in ids]
-    mapping = {}
+    claims = []
     for reply in grid.send_and_receive(asks):
         if not reply.has_error():
-            mapping[int(reply.content["meta"]["partition"])] = reply.metadata.src_node_id
-    missing = sorted(set(range(clients)) - set(mapping))
-    if missing:
-        raise RuntimeError(f"no node serves clients {missing}: start one SuperNode per client with "
-                           "--node-config 'partition-id=<client>'.")
-    return mapping
+            try:
+                claims.append((reply.metadata.src_node_id, reply.content["meta"]["partition"]))
+            except Exception:  # noqa: BLE001 - a malformed answer: that node gets no work
+                log.warning("node %s gave no readable partition id", reply.metadata.src_node_id)
+    return NodeBinding.from_claims(claims, clients)
 
 
 # ----- client -------------------------------------------------------------------------------------------
@@ -202,9 +239,20 @@ def handle(kind: str, msg: Any, state: Any, method: Any, data: Any) -> tuple[Any
     raise ValueError(f"unknown message kind {kind!r}.")
 
 
+class ClientFailed(RuntimeError):
+    """What the server learns of a failure on a node: that it happened, nothing of why (the reason, which may
+    hold a function of the client's data such as an exact message length, stays in the node's own log)."""
+
+
 def _on_node(kind: str, msg: FlowerMessage, context: Context) -> FlowerMessage:
-    setup, method, cid = _client(context)
-    out, state = handle(kind, from_records(msg.content), _load_state(context, method, cid), method, setup.clients[cid])
+    try:
+        setup, method, cid = _client(context)
+        refuse_unsafe(method, str(context.node_config.get(ALLOW_KEY, "")))  # the node's own operator decides
+        out, state = handle(kind, from_records(msg.content), _load_state(context, method, cid), method,
+                            setup.clients[cid])
+    except Exception:  # noqa: BLE001 - logged here in full; the server gets a generic reason only
+        log.exception("client failed on a %s message", kind)
+        raise ClientFailed(f"the client could not answer this {kind} message; the reason is in the node's log") from None
     _save_state(context, state)
     if kind == "evaluate":
         content = RecordDict({"config": ConfigRecord({k: float(v) for k, v in out.items()}),

@@ -17,10 +17,14 @@ Notation:
 Privacy: client i's RDP is alpha (Delta_c^2 + T_i Delta_g^2) / (2 sigma^2) (Eq. 7); sigma is calibrated from
 the fixed schedule's T_max before training and every release is written to the ledger, whose guard refuses a
 release beyond the target. Randomness (``privacy.randomness``): in ``secure`` mode (the default) each client
-draws its noise keys and its codec secret from OS entropy and gives the secret to the decoder only, in the
-setup reply; ``simulation`` derives them from the seed (reproducible, but the config then determines the
-noise). A reply carries the (padded) encoded release alone unless ``diagnostics`` is on, which voids the
-reported eps (docs/privacy.md).
+draws the noise of every context and dense (DG FP32, DG+Q12) release from a fresh key of its own OS entropy that
+never leaves it, and a codec secret it gives the decoder in the setup reply: for the dense codecs the secret
+only makes the header's check tag, for LRSUQ it is the shared randomness decoding needs (its holder learns each
+block's layer, docs/privacy.md); ``simulation`` derives every key from the seed (reproducible, but the config
+then determines the noise). A reply carries the (padded) encoded release alone unless ``diagnostics`` is on,
+which voids the reported eps. A client checks every request against its own plan (noise scale, message size,
+its scheduled rounds, one release per round) and refuses any other; a release that does not fit the fixed
+message size is replaced by a fixed-size abstention.
 
 The paper's variants are four axes of one method (``fedtailor.config.COMPACT_VARIANTS``): the generator
 (factorized W h_psi(c), deep-linear W V c, direct a, radial, replay), the space (coefficient subspace or full
@@ -29,6 +33,7 @@ d_theta), the context (private release or one public vector u0) and the codec of
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -45,11 +50,11 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtailor.codecs import CodecError, get_codec, release_key
-from fedtailor.codecs.format import pad, unpad
+from fedtailor.codecs.format import abstention, fits, pad, unpad
 from fedtailor.config import CompactConfig
 from fedtailor.data.context import context_sensitivity, release_context
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
+from fedtailor.fl.records import Abstained, ClientData, InvalidMessage, Message, Metrics, RequestRefused
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
 from fedtailor.models.layerwise import LayerKroneckerSubspace
@@ -60,6 +65,12 @@ from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
 from fedtailor.rng import derive_key, derive_seed, fresh_key, torch_generator
 
 log = logging.getLogger(__name__)
+
+#: Probability with which an honest release is refused by the server's norm bounds (the context's and the
+#: coefficient gradient's, :func:`release_norm_bound`): what a hostile client cannot exceed.
+RELEASE_TAIL = 1e-12
+#: Config fields of a fit reply with diagnostics on; without them a reply carries the payload alone.
+DIAGNOSTIC_FIELDS = frozenset({"perturbation_norm", "clip_fraction", "message_bytes", "encode_ms"})
 
 
 class Generator(nn.Module):
@@ -141,10 +152,13 @@ class CompactState:
 
 @dataclass
 class CompactClient:
-    """What a client keeps between rounds: the secret it shares with the decoder only; every release key of
-    the client is ``release_key(codec_secret, client, round)``."""
+    """What a client keeps between rounds: the secret it shares with the decoder only (every release key of the
+    client is ``release_key(codec_secret, client, round)``), whether it took part in the setup exchange, and the
+    rounds it has released for (a round asked again would reuse its key on a new input: refused)."""
 
     codec_secret: int
+    set_up: bool = False
+    released: frozenset[int] = frozenset()
 
 
 class CompactAdaptation(Method[CompactState, CompactClient]):
@@ -237,6 +251,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         return derive_key(self.seed, "release-secret", cid)
 
     def client_setup(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
+        if state is not None and state.set_up:
+            raise RequestRefused(f"client {data.cid} already made its one-shot setup release; a second is refused.")
+        if msg.config.get("context") and self.noisy:
+            self._check_sigma(msg, data.cid)
         if self.simulation:
             secret, noise_key = self._simulation_secret(data.cid), derive_key(self.seed, "context-noise", data.cid)
         else:  # secret local entropy: nothing the server or the config knows determines this client's noise
@@ -244,9 +262,49 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         reply = Message()
         if msg.config.get("context"):
             reply.arrays["context"] = release_context(data.context, sigma=float(msg.config["sigma"]), key=noise_key)
-        if not self.simulation:  # to the decoder only (the trusted server), over the authenticated channel
+        if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
             reply.config["codec_secret"] = secret.to_bytes(32, "little")
-        return reply, CompactClient(codec_secret=secret)
+        return reply, CompactClient(codec_secret=secret, set_up=True)
+
+    # ----- the client's own plan: what it accepts to release ---------------------------------------------------
+    @functools.cached_property
+    def client_plan(self) -> CompactState:
+        """What this client's own config calibrates (sigma, the fixed message size): it refuses a request below it."""
+        return self.init_server()
+
+    def _check_sigma(self, msg: Message, cid: int) -> float:
+        sigma, want = msg.config.get("sigma"), self.client_plan.sigma
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= want:
+            raise RequestRefused(f"client {cid} was asked for a release with sigma {sigma!r}, below its own "
+                                 f"calibration {want:.6g}; refused.")
+        return float(sigma)
+
+    def _check_request(self, msg: Message, state: CompactClient, cid: int) -> tuple[int, float]:
+        """(round, sigma) of a fit request this client accepts: a round it is scheduled in and has not released
+        for, a sigma not below its own calibration, and exactly its own fixed message size."""
+        rnd = msg.config.get("round")
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or not 1 <= rnd <= len(self.schedule):
+            raise RequestRefused(f"client {cid} was asked for a release in round {rnd!r}, outside the schedule.")
+        if cid not in {int(c) for c in self.schedule[rnd - 1]}:
+            raise RequestRefused(f"client {cid} is not scheduled in round {rnd}; the release is refused.")
+        if rnd in state.released:
+            raise RequestRefused(f"client {cid} has already released for round {rnd} (its key would be reused).")
+        sigma = self._check_sigma(msg, cid) if self.noisy else float(msg.config.get("sigma", 0.0))
+        if msg.config.get("pad_bytes") != self.client_plan.pad_bytes:
+            raise RequestRefused(f"client {cid} was asked for messages of {msg.config.get('pad_bytes')!r} bytes; its "
+                                 f"own fixed size is {self.client_plan.pad_bytes!r}. Refused.")
+        return rnd, sigma
+
+    def deployment_risks(self) -> dict[str, str]:
+        risks = {}
+        if self.simulation:
+            risks["simulation-randomness"] = ("method.privacy.randomness is 'simulation': every noise draw follows "
+                                              "from the public seed")
+        if self.cfg.diagnostics:
+            risks["diagnostics"] = "method.diagnostics is on: replies carry functions of the unprotected input"
+        if self.variable_length and not self.cfg.padding:
+            risks["unpadded"] = "method.padding is off: every message's size depends on the input"
+        return risks
 
     def _decoder_secret(self, server: CompactState, cid: int) -> int:
         if self.simulation:
@@ -331,24 +389,33 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         grads = per_example_gradients(self.model, F.cross_entropy, x, y, params=params)
         return self.P.project(grads) if self.coefficient else grads
 
-    def client_fit(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
-        rnd, sigma = int(msg.config["round"]), float(msg.config["sigma"])
+    def release_input(self, a: torch.Tensor, rnd: int, data: ClientData) -> tuple[torch.Tensor, np.ndarray]:
+        """(per-record coefficient gradients, the clipped mean u in float64) of client ``data.cid`` in round
+        ``rnd`` at coefficients ``a``: the input of the release ``u + N(0, sigma^2 I_k)``."""
         x, y = data.train
         if len(x) < self.m_g:
             raise ValueError(f"client {data.cid} has {len(x)} training records, fewer than m_g={self.m_g}.")
         idx = self.batch_indices(rnd, data.cid, x)
-        theta = self.theta(msg.arrays["a"])
-        grads = self.record_gradients(x[idx], y[idx], theta)
+        grads = self.record_gradients(x[idx], y[idx], self.theta(a))
         u = clipped_mean(grads, clip=self.clip, denominator=self.m_g)
-        u_np = u.detach().double().cpu().numpy()
+        return grads, u.detach().double().cpu().numpy()
+
+    def client_fit(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
         state = state or self.init_client(data.cid)
         if state is None:
             raise ValueError(f"client {data.cid} has no codec secret: it must take part in the setup phase first.")
+        rnd, sigma = self._check_request(msg, state, data.cid)
+        grads, u_np = self.release_input(msg.arrays["a"], rnd, data)
         key = release_key(state.codec_secret, data.cid, rnd)
+        # the dense codecs' noise: a fresh key that never leaves this client (simulation: from the release key)
+        noise_key = None if self.simulation else fresh_key()
         t0 = time.perf_counter()
-        message = self.codec.encode(u_np, key=key, sigma=sigma)
+        message = self.codec.encode(u_np, key=key, sigma=sigma, noise_key=noise_key)
         encode_ms = 1e3 * (time.perf_counter() - t0)
-        payload = message if "pad_bytes" not in msg.config else pad(message, size=int(msg.config["pad_bytes"]))
+        size = self.client_plan.pad_bytes
+        # a release too long for the fixed size is replaced by an abstention of that size: nothing raises with
+        # (or logs) the true length, and the reply looks like any other
+        payload = message if size is None else pad(message, size=size) if fits(message, size=size) else abstention(size)
         config: dict[str, Any] = {"payload": payload}
         if self.cfg.diagnostics:  # outside the DP guarantee: each of these is a function of the unprotected u
             decoded = self.codec.decode(message, key=key, sigma=sigma, dim=len(u_np))
@@ -356,7 +423,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             config["clip_fraction"] = float((torch.linalg.vector_norm(grads, dim=1) > self.clip).float().mean())
             config["message_bytes"] = len(message)
             config["encode_ms"] = encode_ms
-        return Message(config=config), state
+        return Message(config=config), CompactClient(codec_secret=state.codec_secret, set_up=state.set_up,
+                                                     released=state.released | {rnd})
 
     def _record_arrival(self, server: CompactState, phase: str, rnd: int, cid: int) -> None:
         """The ledger counts every release that reached the server (even one rejected below: it left the client)
@@ -376,20 +444,29 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     def validate_reply(self, server: CompactState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         self._record_arrival(server, phase, rnd, cid)
         if phase == "setup":
+            reply.only(arrays={"context"} if self.private_context else set(),
+                       config=set() if self.simulation else {"codec_secret"})
             if self.private_context:
-                c = reply.array("context", shape=(self.context_dim,))
-                if c.abs().max() > 1 + 50 * max(server.sigma, 1e-3):
-                    raise InvalidMessage(f"context release of client {cid} is far outside the bounded range.")
+                c = reply.array("context", shape=(self.context_dim,), dtype=torch.float32)
+                bound = release_norm_bound(1.0, server.sigma, self.context_dim)
+                if float(torch.linalg.vector_norm(c.double())) > bound:
+                    raise InvalidMessage(f"context release of client {cid} has a norm no bounded context plus noise "
+                                         f"reaches (> {bound:.4g}).")
             if not self.simulation:
                 secret = reply.value("codec_secret", bytes)
                 if len(secret) != 32:
                     raise InvalidMessage(f"codec secret of client {cid} has {len(secret)} bytes, expected 32.")
             return
+        reply.only(config={"payload"} | (DIAGNOSTIC_FIELDS if self.cfg.diagnostics else set()))
+        for name in DIAGNOSTIC_FIELDS & set(reply.config):
+            reply.value(name, (int, float))
         payload = reply.value("payload", bytes)
         t0 = time.perf_counter()
         try:
             if server.pad_bytes is not None:
                 payload = unpad(payload, size=server.pad_bytes)
+                if not payload:
+                    raise Abstained(f"client {cid} abstained in round {rnd} (its release did not fit the fixed size).")
             g = self.codec.decode(payload, key=release_key(self._decoder_secret(server, cid), cid, rnd),
                                   sigma=server.sigma, dim=self.k)
         except CodecError as err:
@@ -397,6 +474,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         self._decode_ms.append(1e3 * (time.perf_counter() - t0))
         if not np.all(np.isfinite(g)):
             raise InvalidMessage("decoded release contains non-finite values.")
+        bound = release_norm_bound(self.clip, server.sigma, self.k, slack=_quantisation_slack(self.codec.name, g))
+        if float(np.linalg.norm(g)) > bound:
+            raise InvalidMessage(f"decoded release of client {cid} has norm {float(np.linalg.norm(g)):.4g}, which no "
+                                 f"clipped input plus noise reaches (> {bound:.4g} at tail {RELEASE_TAIL:g}).")
         self._decoded[(rnd, cid)] = torch.as_tensor(g, dtype=torch.float32, device=self.device)
 
     def step_size(self, rnd: int) -> float:
@@ -432,7 +513,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if self._decode_ms and self.cfg.diagnostics:
             metrics["decode_ms"] = float(np.mean(self._decode_ms))
         self._decode_ms = []
-        for key in ("encode_ms", "perturbation_norm", "clip_fraction", "message_bytes"):
+        for key in sorted(DIAGNOSTIC_FIELDS if self.cfg.diagnostics else ()):
             vals = [float(replies[c].config[key]) for c in cids if key in replies[c].config]
             if vals:
                 metrics[key] = float(np.mean(vals))
@@ -508,6 +589,20 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
 
     def artifacts(self, server: CompactState) -> dict[str, str]:
         return {"privacy_ledger.json": server.ledger.to_json()}
+
+
+def release_norm_bound(bound: float, sigma: float, dim: int, *, tail: float = RELEASE_TAIL, slack: float = 0.0) -> float:
+    """The norm a release ``x + N(0, sigma^2 I_dim)`` of an input with ``||x|| <= bound`` exceeds with
+    probability at most ``tail``: ``bound + sigma (sqrt(dim) + sqrt(2 ln(1/tail)))`` (the Gaussian norm is
+    1-Lipschitz, so it exceeds its mean, at most sqrt(dim) sigma, by t sigma with probability <= exp(-t^2/2)),
+    plus ``slack`` (a codec's rounding) and float32 rounding. A reply beyond it is refused: one client moves a
+    mean of n releases by at most 2 x this bound / n."""
+    return (bound + sigma * (math.sqrt(dim) + math.sqrt(2 * math.log(1 / tail))) + slack) * (1 + 1e-6)
+
+
+def _quantisation_slack(codec: str, g: np.ndarray) -> float:
+    """DG+Q12's rounding on top of the Gaussian: at most half a step of (max - min) / 4095 per coordinate."""
+    return math.sqrt(g.size) * float(g.max() - g.min()) / (2 * 4095) if codec == "dg-q12" else 0.0
 
 
 def _factorized_gain(seed: int, context_dim: int, hidden_dim: int, z: torch.Tensor) -> float:

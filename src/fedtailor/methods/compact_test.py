@@ -73,12 +73,10 @@ def test_release_noise_has_the_calibrated_sigma(codec):
                                gradient_sensitivity=2 / 60, conversion="closed-form")
     assert server.sigma == pytest.approx(expected, rel=1e-12)
     cid = int(setup.schedule[0, 0])
-    # u: the same client, round and generator through the noiseless dense codec
+    # u: the same client, round and generator, the release's input
     ref_server = start(ref_method, setup.clients).server
     msg = ref_method.configure_fit(ref_server, 1, cid)
-    reply, _ = ref_method.client_fit(Message(arrays=msg.arrays, config={**msg.config, "sigma": 0.0}), None, setup.clients[cid])
-    u = ref_method.codec.decode(reply.config["payload"], key=release_key(ref_method._simulation_secret(cid), cid, 1), sigma=0.0,
-                                dim=ref_method.k)
+    _, u = ref_method.release_input(msg.arrays["a"], 1, setup.clients[cid])
     assert 0 < np.linalg.norm(u) <= 1.0 + 1e-6  # a clipped mean of per-record coefficient gradients
     msg = method.configure_fit(server, 1, cid)
     reply, _ = method.client_fit(msg, None, setup.clients[cid])
