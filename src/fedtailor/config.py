@@ -87,6 +87,10 @@ class _LocalSGDConfig(_Section):
         "auto", description="run the clients of a round together (torch.func.vmap over stacked client models); "
         "false: one client after another (same results to float rounding); auto: together except convolutional "
         "models on the CPU, where it is slower (docs/pfl.md)")
+    update_bound: float | None = Field(
+        None, gt=0, description="bound on the norm of each client's shared update theta_i - theta_g (none: off); "
+        "a longer update is rejected or clipped (update_bound_mode), which bounds one client's influence")
+    update_bound_mode: Literal["reject", "clip"] = "reject"
     fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
 
 

@@ -42,6 +42,13 @@ class Setup:
         return lambda: build_model(name, input_shape=shape, num_classes=classes, seed=seed)
 
 
+def train_sizes(clients: dict[int, ClientData]) -> dict[int, int]:
+    """Each client's number of training records: what the server knows of the partition (it caps a client's
+    aggregation weight, so a reply claiming 1e15 examples cannot take over the model)."""
+    return {cid: len(d.train[1]) if isinstance(d.train, tuple) else len(next(iter(d.train.values())))
+            for cid, d in clients.items()}
+
+
 def _local_training(setup: Setup) -> Method:
     """A parameter-sharing method (fedavg, fedprox, ...), wrapped in FedLAG when [method.fedlag] is given."""
     from fedtailor.methods import pfl_method
@@ -49,7 +56,7 @@ def _local_training(setup: Setup) -> Method:
 
     m = setup.cfg.method
     base = pfl_method(m, model_fn=setup.model_fn(m.model), seed=setup.cfg.seed, device=setup.device,
-                      rounds=setup.cfg.federation.rounds)
+                      rounds=setup.cfg.federation.rounds, train_sizes=train_sizes(setup.clients))
     if m.fedlag is None:
         return base
     f = m.fedlag

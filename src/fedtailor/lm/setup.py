@@ -91,7 +91,8 @@ def build_dpo_method(setup: PreferenceSetup):
     kw = dict(model=setup.model, beta=m.beta, lr=m.lr, local_steps=m.local_steps, batch_size=m.batch_size,
               grad_clip=m.grad_clip, seed=setup.cfg.seed, rounds=setup.cfg.federation.rounds, precision=m.precision,
               lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, diagnostics_every=m.diagnostics_every,
-              diagnostic_pairs=m.diagnostic_pairs, spill_sum=m.spill_sum)
+              diagnostic_pairs=m.diagnostic_pairs, spill_sum=m.spill_sum,
+              train_sizes={cid: len(d.train["chosen_ids"]) for cid, d in setup.clients.items()})
     if m.name == "dpo-central":
-        return CentralizedDPO(**kw)
+        return CentralizedDPO(pair_length=setup.cfg.data.max_length, **kw)
     return PFedDPO(personal=m.name == "pfeddpo", **kw)

@@ -33,6 +33,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -44,6 +45,8 @@ from fedtailor.rng import derive_seed, torch_generator
 
 Params = dict[str, torch.Tensor]
 DIAG = "diag/"
+#: The token arrays of a client's pairs (:func:`fedtailor.lm.preference.tokenize_pairs`), pooled by centralized DPO.
+POOL_TOKENS = tuple(f"{side}_{k}" for side in ("chosen", "rejected") for k in ("ids", "attention", "response"))
 
 
 @dataclass
@@ -95,6 +98,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         diagnostics_every: int = 0,
         diagnostic_pairs: int = 4,
         spill_sum: bool = False,
+        train_sizes: Mapping[int, int] | None = None,
     ) -> None:
         from fedtailor.lm.model import add_lora
 
@@ -111,6 +115,8 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         self.grad_clip, self.seed, self.rounds, self.precision = grad_clip, seed, rounds, precision
         self.diagnostics_every, self.diagnostic_pairs, self.spill_sum = diagnostics_every, diagnostic_pairs, spill_sum
         self.device = next(self.model.parameters()).device
+        # what the server knows of each client: its number of training pairs caps its aggregation weight
+        self.train_sizes = None if train_sizes is None else {int(c): int(n) for c, n in train_sizes.items()}
 
     # ----- helpers ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -148,8 +154,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
 
     def validate_reply(self, server: DPOServer, phase: str, rnd: int, cid: int, reply: Message) -> None:
         if phase == "setup":
-            if reply.arrays:
-                raise InvalidMessage("a setup reply carries no tensors.")
+            reply.only(config={"pairs"})
             reply.value("pairs", int)
             return
         names = self._names(reply)
@@ -157,12 +162,32 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             extra = sorted(names - set(self.base_names))
             raise InvalidMessage(f"a reply must carry exactly the base parameters; unexpected {extra[:3]}, "
                                  f"missing {len(set(self.base_names) - names)}.")
+        diag = self._diag_shapes() if self._diagnose(rnd) else {}
+        reply.only(arrays=set(self.base_names) | {DIAG + k for k in diag},
+                   config={"num_examples", "loss", "base_grad_norm"})
         for n in self.base_names:
-            reply.array(n, shape=tuple(server.base[n].shape))
-        if reply.value("num_examples", int) <= 0:
-            raise InvalidMessage("num_examples must be positive.")
+            reply.array(n, shape=tuple(server.base[n].shape), dtype=server.base[n].dtype)
+        for k, shape in diag.items():  # asked for in this round: exactly these
+            reply.array(DIAG + k, shape=shape, dtype=torch.float32)
+        self.check_weight(reply, cid)
         reply.value("loss", float)
         reply.value("base_grad_norm", float)
+
+    def _diag_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The diagnostic arrays a client sends in a diagnosed round, by name, with their shapes."""
+        n = sum(self.params[name].numel() for name in self.base_names)
+        return {"grad_off": (n,), "grad_on": (n,), **({"adapter_sq": (1,)} if self.adapter_names else {})}
+
+    def check_weight(self, reply: Message, cid: int) -> int:
+        """A reply's ``num_examples``: positive, and at most the client's number of training pairs when the
+        server knows it."""
+        n = reply.value("num_examples", int)
+        cap = None if self.train_sizes is None else self.train_sizes.get(cid)
+        if self.train_sizes is not None and cap is None:
+            raise InvalidMessage(f"client {cid} is not a client of this run.")
+        if n <= 0 or (cap is not None and n > cap):
+            raise InvalidMessage(f"num_examples must lie in [1, {cap}] (the client's pairs), got {n}.")
+        return n
 
     # ----- a round --------------------------------------------------------------------------------------
     def configure_fit(self, server: DPOServer, rnd: int, cid: int) -> Message:
@@ -298,6 +323,11 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             out.update({"accuracy": acc, "loss": loss})
         return out
 
+    def deployment_risks(self) -> dict[str, str]:
+        if self.diagnostics_every:
+            return {"diagnostics": "method.diagnostics_every > 0: clients send base gradients on their own pairs"}
+        return {}
+
     def summary(self, server: DPOServer) -> dict[str, Any]:
         return {"adapters": "private LoRA, never uploaded" if self.personal else "none",
                 "adapter_parameters_per_client": sum(self.params[n].numel() for n in self.adapter_names),
@@ -310,9 +340,10 @@ class CentralizedDPO(PFedDPO):
     server once, in the setup phase; every round the server takes ``E`` AdamW steps of batch ``B`` on the pool
     (key (seed, "batches", round, "pool")); every client is evaluated with that one model. No adapters."""
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(self, *, pair_length: int | None = None, **kw: Any) -> None:
         super().__init__(personal=False, **kw)
         self.name = "dpo-central"
+        self.pair_length = pair_length  # tokens per sequence (data.max_length): every pooled array's width
 
     def client_setup(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
         reply, state = super().client_setup(msg, state, data)
@@ -322,16 +353,27 @@ class CentralizedDPO(PFedDPO):
 
     def validate_reply(self, server: DPOServer, phase: str, rnd: int, cid: int, reply: Message) -> None:
         if phase == "setup":
+            reply.only(arrays={f"pool/{k}" for k in POOL_TOKENS} | {"pool/ref"}, config={"pairs"})
             n = reply.value("pairs", int)
-            if "pool/ref" not in reply.arrays or tuple(reply.arrays["pool/ref"].shape) != (n, 2):
-                raise InvalidMessage("a centralized setup reply carries the client's pairs and their reference "
-                                     "log-probabilities.")
+            if n <= 0:
+                raise InvalidMessage(f"a centralized setup reply must hold at least one pair, got {n}.")
+            reply.array("pool/ref", shape=(n, 2), dtype=torch.float32)
+            vocab = self.model.get_input_embeddings().num_embeddings
+            width = self.pair_length or reply.array(f"pool/{POOL_TOKENS[0]}", dtype=torch.long).shape[-1]
+            for k in POOL_TOKENS:  # token ids the model can embed, 0/1 masks, one width for every array
+                t = reply.array(f"pool/{k}", shape=(n, width), dtype=torch.long)
+                top = vocab if k.endswith("_ids") else 2
+                if t.numel() and (int(t.min()) < 0 or int(t.max()) >= top):
+                    raise InvalidMessage(f"pool/{k} holds values outside [0, {top}).")
             return
-        if reply.arrays:
-            raise InvalidMessage("a centralized fit reply carries no tensors.")
-        reply.value("num_examples", int)
+        reply.only(config={"num_examples"})
+        self.check_weight(reply, cid)
 
     def aggregate_setup(self, server: DPOServer, replies: dict[int, Message]) -> DPOServer:
+        widths = {r.arrays[f"pool/{POOL_TOKENS[0]}"].shape[-1] for r in replies.values()}
+        if len(widths) > 1:  # only without pair_length: each reply was fine alone, the pool needs one width
+            raise ValueError(f"the clients' pairs have different lengths {sorted(widths)}; set one "
+                                 "data.max_length for every client.")
         keys = sorted({k for r in replies.values() for k in r.arrays})
         pool = {k[len("pool/"):]: torch.cat([replies[c].arrays[k] for c in sorted(replies)]) for k in keys}
         return DPOServer(base=server.base, round=server.round, pool=pool)

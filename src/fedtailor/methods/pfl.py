@@ -13,8 +13,10 @@ Round ``t``, client ``i``:
    initialisation ``theta_0``, drawn from the public seed);
 3. it runs the method's local program (:meth:`LocalTraining.local_program`) and replies with its new values of
    ``S``, its number of training records ``n_i`` and its mean training loss;
-4. the server checks every reply (exactly the names of ``S``, their shapes, finite values) and sets
-   ``theta_g[n] = sum_i n_i theta_i[n] / sum_i n_i`` for ``n`` in ``S`` (FedAvg's weighted mean).
+4. the server checks every reply (exactly the names of ``S`` with their shapes and dtypes, finite values, ``n_i``
+   at most the client's partition size, which the server knows; optionally ``||theta_i[S] - theta_g[S]||`` at
+   most ``update_bound``, else rejected or clipped) and sets ``theta_g[n] = sum_i n_i theta_i[n] / sum_i n_i``
+   for ``n`` in ``S`` (FedAvg's weighted mean; a client's weight never exceeds its partition size).
 
 Evaluation: every client's own personalized model (received ``S`` plus its personal rest, or the method's own
 predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. All local
@@ -25,7 +27,7 @@ training is plain minibatch SGD (:func:`fedtailor.fl.training.functional_sgd`) i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,10 +95,16 @@ class LocalTraining(Method[SharedState, PersonalState]):
         rounds: int,
         momentum: float = 0.0,
         vectorize: bool | Literal["auto"] = "auto",
+        train_sizes: Mapping[int, int] | None = None,
+        update_bound: float | None = None,
+        update_bound_mode: Literal["reject", "clip"] = "reject",
     ) -> None:
         self.model = model_fn().to(device)  # one working module; parameters are passed functionally
         self.lr, self.local_epochs, self.batch_size, self.momentum = lr, local_epochs, batch_size, momentum
         self.seed, self.device, self.rounds = seed, device, rounds
+        # what the server knows of each client: its partition size caps its aggregation weight (None: no cap)
+        self.train_sizes = None if train_sizes is None else {int(c): int(n) for c, n in train_sizes.items()}
+        self.update_bound, self.update_bound_mode = update_bound, update_bound_mode
         # auto: together, except convolutional models on the CPU, where vmap's grouped convolutions are slower
         # than one client after another (docs/pfl.md, benchmarks/bench_pfl_round.py)
         convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules())
@@ -167,22 +175,49 @@ class LocalTraining(Method[SharedState, PersonalState]):
             missing, extra = sorted(set(expected) - set(reply.arrays)), sorted(set(reply.arrays) - set(expected))
             raise InvalidMessage(f"reply must carry exactly the shared parameters; missing {missing[:5]}, "
                                  f"unexpected {extra[:5]}.")
+        reply.only(arrays=set(expected), config={"num_examples", "loss"})
         for n in expected:
-            reply.array(n, shape=tuple(self.theta0[n].shape))
-        if reply.value("num_examples", int) <= 0:
-            raise InvalidMessage(f"num_examples must be positive, got {reply.config['num_examples']}.")
+            reply.array(n, shape=tuple(self.theta0[n].shape), dtype=self.theta0[n].dtype)
+        n_i = reply.value("num_examples", int)
+        cap = None if self.train_sizes is None else self.train_sizes.get(cid)
+        if self.train_sizes is not None and cap is None:
+            raise InvalidMessage(f"client {cid} is not a client of this run.")
+        if n_i <= 0 or (cap is not None and n_i > cap):
+            raise InvalidMessage(f"num_examples must lie in [1, {cap}] (the client's partition size), got {n_i}.")
         reply.value("loss", float)
+        if self.update_bound is not None and self.update_bound_mode == "reject":
+            norm = self._update_norm(server, reply)
+            if norm > self.update_bound:
+                raise InvalidMessage(f"update norm {norm:.4g} exceeds update_bound {self.update_bound:g}.")
+
+    def _update_norm(self, server: SharedState, reply: Message) -> float:
+        """``||theta_i[S] - theta_g[S]||`` of a reply, in float64."""
+        sq = sum(float((reply.arrays[n].double() - server.params[n].double().to(reply.arrays[n].device)).pow(2).sum())
+                 for n in self.shared_names(server))
+        return math.sqrt(sq)
 
     def aggregate_fit(self, server: SharedState, rnd: int, replies: dict[int, Message]) -> tuple[SharedState, Metrics]:
         weights = torch.tensor([float(r.config["num_examples"]) for r in replies.values()], device=self.device,
                                dtype=torch.float64)
         w = (weights / weights.sum()).to(torch.float32)
         params = dict(server.params)
-        for n in self.shared_names(server):
+        names = self.shared_names(server)
+        if self.update_bound is not None and self.update_bound_mode == "clip":
+            replies = {c: self._clipped(server, r, names) for c, r in replies.items()}
+        for n in names:
             stacked = torch.stack([r.arrays[n].to(self.device) for r in replies.values()])
             params[n] = torch.tensordot(w, stacked, dims=1)
         loss = float(sum(float(r.config["loss"]) * wi for r, wi in zip(replies.values(), w.tolist())))
         return SharedState(params=params, personal=server.personal, round=rnd), {"loss": loss}
+
+    def _clipped(self, server: SharedState, reply: Message, names: tuple[str, ...]) -> Message:
+        """``reply`` with its update ``theta_i[S] - theta_g[S]`` scaled down to norm ``update_bound`` if longer."""
+        scale = min(1.0, float(self.update_bound) / max(self._update_norm(server, reply), 1e-300))
+        if scale == 1.0:
+            return reply
+        arrays = {n: server.params[n].to(reply.arrays[n].device) + scale * (reply.arrays[n] - server.params[n].to(
+            reply.arrays[n].device)) for n in names}
+        return Message(arrays=arrays, config=reply.config)
 
     def configure_evaluate(self, server: SharedState, cid: int) -> Message:
         return Message(arrays={n: server.params[n] for n in self.shared_names(server)},
