@@ -3,6 +3,8 @@ touching the server state, metrics average within a client first."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -80,25 +82,71 @@ class _Hostile(FedAvg):
                 "missing": Message(arrays={k: v for k, v in a.items() if k != name}, config=reply.config),
                 "weight": Message(arrays=a, config={**reply.config, "num_examples": -5}),
                 "type": Message(arrays=a, config={**reply.config, "num_examples": "many"}),
+                "dtype": Message(arrays={**a, name: p.double()}, config=reply.config),
+                "huge": Message(arrays={k: v * 1e30 for k, v in a.items()}, config=reply.config),
+                "examples": Message(arrays=a, config={**reply.config, "num_examples": 10**15}),
             }[self.kind]
             out[self.bad] = (reply, state)
         return out
 
 
-@pytest.mark.parametrize("kind", ["nan", "shape", "missing", "weight", "type"])
+def _hostile(ds, clients, **kw):
+    return _Hostile(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3), lr=0.1,
+                    local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), rounds=6,
+                    train_sizes={c: len(d.train[1]) for c, d in clients.items()}, **kw)
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape", "missing", "weight", "type", "dtype", "huge", "examples"])
 def test_malformed_reply_is_rejected_and_the_rest_aggregated(digits_clients, kind):
+    """Among them a float64 array (it used to pass and crash the aggregation), values of 1e30 and a claim of
+    1e15 examples (which used to take over the global model)."""
     ds, part, clients = digits_clients
     schedule = _schedule(part, rounds=1)
     bad = int(schedule[0, 0])
     honest = run_federated(_fedavg(ds), clients, schedule[:, 1:], progress=False)
-    hostile = run_federated(
-        _Hostile(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3), lr=0.1,
-                 local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), rounds=6, bad=bad, kind=kind),
-        clients, schedule, progress=False,
-    )
+    hostile = run_federated(_hostile(ds, clients, bad=bad, kind=kind), clients, schedule, progress=False)
     assert hostile.history[0]["rejected"] == 1
     assert all(torch.equal(hostile.state.server.params[n], honest.state.server.params[n])
                for n in honest.state.server.params)
+
+
+def test_a_round_whose_every_reply_is_rejected_stops_the_run_with_the_reason(digits_clients):
+    from fedtailor.fl.records import RoundRejected
+
+    ds, part, clients = digits_clients
+    schedule = _schedule(part, rounds=2)[:, :1]  # one client a round, and it is hostile
+    with pytest.raises(RoundRejected, match=r"round 1: every reply was rejected.*client \d+: .*NaN"):
+        run_federated(_hostile(ds, clients, bad=int(schedule[0, 0]), kind="nan"), clients, schedule, progress=False)
+
+
+def test_a_client_weight_is_capped_by_what_the_server_knows_and_updates_can_be_bounded(digits_clients):
+    """A reply may claim fewer examples than the client's partition holds, never more; with ``update_bound`` a
+    long update is rejected, or clipped to the bound (the aggregate then moves by at most the bound)."""
+    ds, part, clients = digits_clients
+    schedule = _schedule(part, rounds=1)
+    model_fn = lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3)  # noqa: E731
+    sizes = {c: len(d.train[1]) for c, d in clients.items()}
+    kw = dict(model_fn=model_fn, lr=0.1, local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), rounds=6,
+              train_sizes=sizes)
+    plain = FedAvg(**kw)
+    server = plain.init_server()
+    cid = int(schedule[0, 0])
+    reply, _ = plain.client_fit(plain.configure_fit(server, 1, cid), None, clients[cid])
+    claim = lambda n: Message(arrays=reply.arrays, config={**reply.config, "num_examples": n})  # noqa: E731
+    for n in (sizes[cid], 1):
+        plain.validate_reply(server, "fit", 1, cid, claim(n))
+    with pytest.raises(InvalidMessage, match="partition size"):
+        plain.validate_reply(server, "fit", 1, cid, claim(sizes[cid] + 1))
+    with pytest.raises(InvalidMessage, match="not a client"):
+        plain.validate_reply(server, "fit", 1, max(sizes) + 1, reply)
+    norm = plain._update_norm(server, reply)
+    with pytest.raises(InvalidMessage, match="update_bound"):
+        FedAvg(**kw, update_bound=norm / 2).validate_reply(server, "fit", 1, cid, reply)
+    clip = FedAvg(**kw, update_bound=norm / 2, update_bound_mode="clip")
+    clip.validate_reply(server, "fit", 1, cid, reply)
+    new, _ = clip.aggregate_fit(server, 1, {cid: reply})
+    moved = math.sqrt(sum(float((new.params[n] - server.params[n]).double().pow(2).sum()) for n in new.params))
+    assert moved == pytest.approx(norm / 2, rel=1e-5)
 
 
 def test_validation_helpers_name_the_problem():
