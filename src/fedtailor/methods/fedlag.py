@@ -19,7 +19,8 @@ while scoring; after round ``warmup`` the ``top_k`` layers with the largest ``GC
 layer) become personal: each client keeps its own copy, and they are never sent nor averaged. Every other
 layer keeps being aggregated and delivered to every client. Options: keep scoring and re-choose after every
 round (``rechoose``; a layer that returns to the shared set restarts from the server's last average of it,
-and clients then report round deltas of their personal layers for scoring), or a fixed choice of the
+and clients then report the round deltas of the FedLAG-personal layers for scoring, never those of the base's
+own personal part), or a fixed choice of the
 first, middle or last ``top_k`` candidates (``choice``; same warm-up, so only the choice differs).
 """
 
@@ -184,10 +185,17 @@ class FedLAG(Method[LagState, PersonalState]):
             mode = msgs[c].config.get("report")
             start, _, received = starts[c]
             if mode == "delta":
-                reply.arrays.update({REPORT + n: new.params[n] - start[n] for n in self.base.names if n not in received})
+                reply.arrays.update({REPORT + n: new.params[n] - start[n] for n in self.delta_report_names(received)})
             elif mode == "gradient":
                 reply.arrays.update({REPORT + n: g for n, g in self._last_batch_gradient(new.params, data[c]).items()})
         return out
+
+    def delta_report_names(self, received: dict[str, torch.Tensor]) -> tuple[str, ...]:
+        """The names whose round deltas a client reports when asked for ``"delta"``: exactly the FedLAG-personal
+        layers ``L``. The base sends ``S = all - O - L``, so what the client did not receive minus the base's own
+        personal part ``O`` is ``L`` (the server's ``base.personal``, which :meth:`validate_reply` expects); the
+        base's own head stays on the client."""
+        return tuple(n for n in self.base.names if n not in received and n not in self.base.own_personal)
 
     def _last_batch_gradient(self, params: dict[str, torch.Tensor], data: ClientData) -> dict[str, torch.Tensor]:
         """Gradient of the mean cross-entropy of the client's last ``batch_size`` training records (storage

@@ -103,7 +103,7 @@ def test_options_run_and_report_their_scores(option):
 def test_a_reply_without_its_requested_reports_is_refused():
     setup, method, result = _run("fedavg", *LAG, "method.fedlag.rechoose=true")
     server = result.state.server
-    cid = sorted(setup.clients)[0]
+    cid = min(setup.clients)
     msg = method.configure_fit(server, 4, cid)
     assert msg.config["report"] == "delta"
     reply, _ = method.client_fit(msg, result.state.clients[cid], setup.clients[cid])
@@ -114,3 +114,47 @@ def test_a_reply_without_its_requested_reports_is_refused():
                        config=reply.config)
     with pytest.raises(InvalidMessage, match="report"):
         method.validate_reply(server, "fit", 4, cid, stripped)
+
+
+SEVEN = ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod"]
+
+
+@pytest.mark.parametrize("base", SEVEN)
+def test_rechoose_with_round_deltas_reports_exactly_the_fedlag_personal_layers_on_every_base(base):
+    """After the warm-up a client reports the round deltas of the FedLAG-personal layers and nothing else: never
+    the base's own personal part (FedPer's, FedRep's, FedBABU's head), so every reply is accepted and the shared
+    layers keep training."""
+    setup = build_setup(load_config(None, [*BASE, f'method.name="{base}"', *LAG, "method.fedlag.rechoose=true"]))
+    method = build_method(setup)
+    assert isinstance(method, FedLAG) and method.update == "delta" and method.rechoose
+    reports: list[tuple[int, set[str]]] = []
+    personal_at: dict[int, frozenset[str]] = {}
+    moved: dict[int, bool] = {}
+    fit_many, aggregate = method.client_fit_many, method.aggregate_fit
+
+    def spy_fit(msgs, states, data):
+        out = fit_many(msgs, states, data)
+        for c, (reply, _) in out.items():
+            reports.append((int(msgs[c].config["round"]),
+                            {n[len("report/"):] for n in reply.arrays if n.startswith("report/")}))
+        return out
+
+    def spy_aggregate(server, rnd, replies):
+        new, metrics = aggregate(server, rnd, replies)
+        personal_at[rnd] = server.base.personal
+        shared = method.base.shared_names(server.base)
+        moved[rnd] = len(shared) > 0 and all(not torch.equal(new.base.params[n], server.base.params[n])
+                                             for n in shared)
+        return new, metrics
+
+    method.client_fit_many, method.aggregate_fit = spy_fit, spy_aggregate
+    result = run_federated(method, setup.clients, setup.schedule, eval_every=2, progress=False)
+    assert [h["rejected"] for h in result.history] == [0, 0, 0, 0]
+    assert moved == {1: True, 2: True, 3: True, 4: True}  # every round aggregated and moved every shared layer
+    assert len(reports) == 4 * 5
+    for rnd, got in reports:
+        assert not got & method.base.own_personal, (rnd, got)  # the base's own head never leaves the client
+        assert got == (set(personal_at[rnd]) if rnd > 2 else set()), (rnd, got)
+    assert all(len(got) == 2 for rnd, got in reports if rnd > 2)  # top_k = 2 layers reported after the warm-up
+    rows = method.summary(result.state.server)["fedlag_conflicts_per_round"]
+    assert len(rows) == 4  # scored every round, from the accepted replies
