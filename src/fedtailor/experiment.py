@@ -54,7 +54,7 @@ def _local_training(setup: Setup) -> Method:
         return base
     f = m.fedlag
     return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update, rechoose=f.rechoose,
-                  choice=f.choice)
+                  choice=f.choice, cap=f.cap)
 
 
 def _compact(setup: Setup) -> Method:

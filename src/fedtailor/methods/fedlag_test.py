@@ -9,7 +9,7 @@ import torch
 from fedtailor.config import load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated
-from fedtailor.methods.fedlag import FedLAG, conflict_counts
+from fedtailor.methods.fedlag import FedLAG, capped_conflicts, conflict_counts, conflict_matrix
 from fedtailor.methods.pfl import LocalTraining
 
 BASE = ['data.dataset="digits"', "data.num_clients=5", "data.num_unseen=0", "data.context_size=0",
@@ -158,3 +158,93 @@ def test_rechoose_with_round_deltas_reports_exactly_the_fedlag_personal_layers_o
     assert all(len(got) == 2 for rnd, got in reports if rnd > 2)  # top_k = 2 layers reported after the warm-up
     rows = method.summary(result.state.server)["fedlag_conflicts_per_round"]
     assert len(rows) == 4  # scored every round, from the accepted replies
+
+
+def _honest(n: int, dim: int, seed: int, spread: float) -> torch.Tensor:
+    """``n`` client updates around one common direction (``spread`` = noise relative to it)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(dim, generator=g) + spread * torch.randn(n, dim, generator=g)
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 7])
+def test_one_adversary_moves_the_capped_score_by_at_most_the_cap_and_the_plain_count_by_n_minus_1(cap):
+    n = 20
+    honest = _honest(n, 50, seed=3, spread=0.3)
+    assert conflict_counts(honest, xi=0.0) == 0 and capped_conflicts(honest, xi=0.0, cap=cap) == 0
+    attacked = honest.clone()
+    attacked[7] = -honest[torch.arange(n) != 7].mean(0)  # client 7 sends the negative of the honest mean
+    assert conflict_counts(attacked, xi=0.0) == n - 1  # it conflicts with every other client
+    assert capped_conflicts(attacked, xi=0.0, cap=cap) == cap  # but takes part in at most cap counted pairs
+    # the bound holds for any honest updates, conflicting ones too, and any replacement row
+    jumps = 0
+    for seed in range(40):
+        rows = _honest(12, 8, seed=seed, spread=1.5)
+        bad = rows.clone()
+        bad[seed % 12] = -rows.mean(0) if seed % 2 else torch.randn(8, generator=torch.Generator().manual_seed(seed))
+        assert abs(capped_conflicts(bad, xi=0.0, cap=cap) - capped_conflicts(rows, xi=0.0, cap=cap)) <= cap
+        jumps += abs(conflict_counts(bad, xi=0.0) - conflict_counts(rows, xi=0.0)) > cap
+    assert jumps > 0  # the plain count is not bounded that way
+
+
+def test_the_capped_score_is_the_fractional_cap_matching_and_the_plain_count_when_no_client_exceeds_the_cap():
+    from scipy.optimize import linprog
+
+    g = torch.Generator().manual_seed(2)
+    for _ in range(60):
+        n, cap, xi = int(torch.randint(2, 11, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)), 0.2
+        h = torch.randn(n, 3, generator=g)
+        c = conflict_matrix(h, xi=xi)
+        assert torch.equal(c, c.T) and not c.diagonal().any()
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if c[i, j]]
+        plain = conflict_counts(h, xi=xi)
+        assert plain == len(pairs)
+        assert capped_conflicts(h, xi=xi, cap=n - 1) == plain  # a cap of n - 1 never binds
+        if pairs:  # the definition: max sum x over conflicting pairs, 0 <= x <= 1, at most cap per client
+            a = torch.zeros(n, len(pairs), dtype=torch.float64)
+            for k, (i, j) in enumerate(pairs):
+                a[i, k] = a[j, k] = 1
+            lp = -linprog(-torch.ones(len(pairs)).numpy(), A_ub=a.numpy(), b_ub=[cap] * n, bounds=(0, 1)).fun
+            assert capped_conflicts(h, xi=xi, cap=cap) == pytest.approx(lp, abs=1e-9)
+            assert capped_conflicts(h, xi=xi, cap=cap) * 2 == int(capped_conflicts(h, xi=xi, cap=cap) * 2)
+    with pytest.raises(ValueError, match="cap"):
+        capped_conflicts(h, xi=0.0, cap=0)
+
+
+def test_without_an_adversary_the_capped_score_picks_the_same_layers_as_the_plain_count():
+    setup = build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG]))
+    plain = build_method(setup)
+    capped = build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG,
+                                                         "method.fedlag.cap=2"])))
+    assert (plain.cap, capped.cap) == (None, 2) and len(plain.candidates) == 6
+    e = torch.tensor([1.0, 0.0])
+    layers = [
+        torch.stack([e] * 8),                                             # all agree: 0 conflicts
+        torch.stack([e] * 4 + [-e] * 4),                                  # two camps of 4: 16 pairs, 4 each
+        torch.stack([torch.tensor([1.0, 2.0]), torch.tensor([1.0, -2.0])] + [e] * 6),  # one pair
+        torch.stack([-e] * 2 + [e] * 6),                                  # 2 against 6: 12 pairs
+        torch.stack([e] * 7 + [torch.zeros(2)]),                          # a zero update: 0
+        torch.stack([e] * 6 + [torch.tensor([-1.0, 1.0]), torch.tensor([0.0, 1.0])]),  # one client against 6
+    ]
+    plain_scores = [plain.layer_score(h) for h in layers]
+    capped_scores = [capped.layer_score(h) for h in layers]
+    assert plain_scores == [0, 16, 1, 12, 0, 6]
+    assert capped_scores == [0, 8, 1, 4, 0, 2]  # each client counted in at most 2 pairs
+    assert plain.choose(plain_scores) == capped.choose(capped_scores) == (1, 3)
+
+
+def test_a_cap_that_never_binds_is_the_plain_run_bit_for_bit_and_a_binding_cap_bounds_each_round():
+    _, plain, a = _run("fedavg", *LAG)
+    _, lax, b = _run("fedavg", *LAG, "method.fedlag.cap=4")  # 5 clients: nobody has more than 4 pairs
+    assert lax.summary(b.state.server)["fedlag_scores"] == plain.summary(a.state.server)["fedlag_scores"]
+    for n, t in a.state.server.base.params.items():
+        assert torch.equal(b.state.server.base.params[n], t)
+    assert a.evaluation == b.evaluation
+    assert "fedlag_cap" not in plain.summary(a.state.server)  # the default summary is unchanged
+    _, tight, c = _run("fedavg", *LAG, "method.fedlag.cap=1")
+    summary = tight.summary(c.state.server)
+    assert summary["fedlag_cap"] == 1
+    rows = summary["fedlag_conflicts_per_round"]
+    assert len(rows) == 2 and all(0 <= x <= 2.5 and 2 * x == int(2 * x) for r in rows for x in r)
+    assert any(x > 1 for r in plain.summary(a.state.server)["fedlag_conflicts_per_round"] for x in r)
+    with pytest.raises(ValueError, match="cap"):
+        load_config(None, [*BASE, 'method.name="fedavg"', *LAG, "method.fedlag.cap=0"])
