@@ -1,11 +1,12 @@
 """FedLAG (Federated Learning with Layer-wise Aggregation via Gradient Analysis), from *Towards Layer-Wise
-Personalized Federated Learning: Adaptive Layer Disentanglement via Conflicting Gradients*, as one wrapper around
-any parameter-sharing method of :mod:`fedtailor.methods.pfl` (FedAvg, FedProx, FedPer, FedRep, FedBABU, Ditto,
-FedRoD), in the shape of a strategy wrapper: the base method runs unchanged, the wrapper only decides which
-layers the base shares.
+Personalized Federated Learning: Adaptive Layer Disentanglement via Conflicting Gradients*, as one wrapper
+around any parameter-sharing method of :mod:`fedtailor.methods.pfl` (FedAvg, FedProx, FedPer, FedRep, FedBABU,
+Ditto, FedRoD), in the shape of a strategy wrapper: the base method runs unchanged, the wrapper only decides
+which layers the base shares.
 
-Notation. Layers ``l`` are the model's parameter tensors or modules (:func:`fedtailor.models.parts.layer_units`);
-the *candidates* are the layers outside the base's own personal part. ``h_u(l)`` is client ``u``'s update of
+Notation. Layers ``l`` are the model's parameter tensors or modules
+(:func:`fedtailor.models.parts.layer_units`); the *candidates* are the layers outside the base's own personal
+part. ``h_u(l)`` is client ``u``'s update of
 layer ``l`` in a round: its round delta (new value minus the value it received; default) or the gradient of
 its last minibatch (its last ``batch_size`` training records in storage order) at its final model.
 
@@ -13,8 +14,8 @@ Conflict score. Over the clients that replied, all pairwise cosines of a layer c
 ``G = H H^T`` (rows of ``H``: the ``h_u(l)``), ``cos(u, v) = G_uv / sqrt(G_uu G_vv)``; a pair conflicts when
 its cosine is *strictly* below ``xi`` (default 0; pairs with a zero update are not counted).
 ``GC_xi(l)`` sums the conflicting pairs over the warm-up rounds. With ``cap`` set, a round's count is
-:func:`capped_conflicts` instead: no client takes part in more than ``cap`` of the counted pairs, so one client
-moves a layer's score by at most ``cap`` a round (the plain count: up to ``n - 1``).
+:func:`capped_conflicts` instead: no client takes part in more than ``cap`` of the counted pairs, so one
+client moves a layer's score by at most ``cap`` a round (the plain count: up to ``n - 1``).
 
 Schedule. The first ``warmup`` rounds (default ``min(R // 2, 30)``) run the base with every candidate shared
 while scoring; after round ``warmup`` the ``top_k`` layers with the largest ``GC_xi`` (ties to the earlier
@@ -45,9 +46,9 @@ REPORT = "report/"  # prefix of the update arrays a client reports for scoring
 
 
 def conflict_matrix(updates: torch.Tensor, *, xi: float) -> torch.Tensor:
-    """Symmetric boolean matrix (clients x clients, false on the diagonal) of the pairs of rows of ``updates``
-    (clients x coordinates) with cosine strictly below ``xi``, from one Gram matrix; rows of norm zero take part
-    in no pair."""
+    """Symmetric boolean matrix (clients x clients, false on the diagonal) of the pairs of rows of
+    ``updates`` (clients x coordinates) with cosine strictly below ``xi``, from one Gram matrix; rows of norm
+    zero take part in no pair."""
     h = updates.to(torch.float64)
     gram = h @ h.T
     norms = gram.diagonal().sqrt()
@@ -86,9 +87,15 @@ def capped_conflicts(updates: torch.Tensor, *, xi: float, cap: int) -> float:
     Computed exactly as half the maximum flow through the conflict graph's bipartite double cover (source ->
     ``u`` with capacity ``cap``, ``u`` -> ``v'`` with capacity 1 for every conflicting pair, both ways,
     ``v'`` -> sink with capacity ``cap``), whose optimum is integral: the score is a multiple of 1/2."""
+    return capped_count(conflict_matrix(updates, xi=xi), cap=cap)
+
+
+def capped_count(conflicts: torch.Tensor, *, cap: int) -> float:
+    """The fractional ``cap``-matching number of a conflict graph given as a symmetric boolean matrix with a
+    false diagonal (:func:`conflict_matrix`): the score of :func:`capped_conflicts`."""
     if cap < 1:
         raise ValueError(f"cap must be a positive number of pairs per client, got {cap}.")
-    conflicts = conflict_matrix(updates, xi=xi).cpu()
+    conflicts = conflicts.cpu()
     n = len(conflicts)
     if n == 0 or int(conflicts.sum(1).max()) <= cap:
         return float(int(conflicts.sum()) // 2)  # no client exceeds the cap: the plain count
@@ -100,9 +107,9 @@ def capped_conflicts(updates: torch.Tensor, *, xi: float, cap: int) -> float:
     source, sink = 2 * n, 2 * n + 1
     rows = np.concatenate([np.full(n, source), u, n + clients])
     cols = np.concatenate([clients, n + v, np.full(n, sink)])
-    caps = np.concatenate([np.full(n, cap), np.ones(len(u), dtype=np.int64), np.full(n, cap)]).astype(np.int32)
-    graph = coo_matrix((caps, (rows, cols)), shape=(2 * n + 2, 2 * n + 2)).tocsr()
-    return maximum_flow(graph, source, sink).flow_value / 2
+    caps = np.concatenate([np.full(n, cap), np.ones(len(u), dtype=np.int64), np.full(n, cap)])
+    graph = coo_matrix((caps.astype(np.int32), (rows, cols)), shape=(2 * n + 2, 2 * n + 2)).tocsr()
+    return float(maximum_flow(graph, source, sink).flow_value) / 2
 
 
 @dataclass
@@ -140,8 +147,8 @@ class FedLAG(Method[LagState, PersonalState]):
                              f"{len(self.candidates)}.")
         self.top_k, self.xi, self.update, self.rechoose, self.choice = top_k, xi, update, rechoose, choice
         if cap is not None and cap < 1:
-            raise ValueError(f"cap={cap}: a client must be allowed at least one conflicting pair (or none: the "
-                             "plain pair count).")
+            raise ValueError(f"cap={cap}: a client must be allowed at least one conflicting pair (or none: "
+                             "the plain pair count).")
         self.cap = cap
         self.warmup = min(base.rounds // 2, 30) if warmup is None else warmup
         if not 0 <= self.warmup <= base.rounds:
@@ -189,7 +196,7 @@ class FedLAG(Method[LagState, PersonalState]):
             if self.update == "gradient":
                 msg.config["report"] = "gradient"
             elif server.base.personal:
-                msg.config["report"] = "delta"  # personal layers are not sent: the client reports their deltas
+                msg.config["report"] = "delta"  # personal layers are not sent: clients report their deltas
         return msg
 
     def _report_names(self, server: LagState, rnd: int) -> set[str]:
@@ -208,17 +215,20 @@ class FedLAG(Method[LagState, PersonalState]):
             reply.array(REPORT + n, shape=tuple(self.base.theta0[n].shape))
         self.base.validate_reply(server.base, phase, rnd, cid, _without_reports(reply))
 
-    def aggregate_fit(self, server: LagState, rnd: int, replies: dict[int, Message]) -> tuple[LagState, Metrics]:
+    def aggregate_fit(self, server: LagState, rnd: int,
+                      replies: dict[int, Message]) -> tuple[LagState, Metrics]:
         scores, per_round, chosen = list(server.scores), list(server.per_round), server.chosen
         if self.scoring(rnd):
             counts = []
             for j in range(len(self.candidates)):
-                rows = [torch.cat([self._update(server, r, n).reshape(-1) for n in self.layers[self.candidates[j]]])
+                layer = self.layers[self.candidates[j]]
+                rows = [torch.cat([self._update(server, r, n).reshape(-1) for n in layer])
                         for r in replies.values()]
                 counts.append(self.layer_score(torch.stack(rows)))
             scores = [s + c for s, c in zip(scores, counts)]
             per_round.append(counts)
-        base, metrics = self.base.aggregate_fit(server.base, rnd, {c: _without_reports(r) for c, r in replies.items()})
+        plain = {c: _without_reports(r) for c, r in replies.items()}
+        base, metrics = self.base.aggregate_fit(server.base, rnd, plain)
         if rnd == self.warmup or (rnd > self.warmup and self.rechoose and self.choice == "conflict"):
             chosen = self.choose(scores)
             base = SharedState(params=base.params, personal=self.personal_names(chosen), round=base.round)
@@ -237,7 +247,8 @@ class FedLAG(Method[LagState, PersonalState]):
     def init_client(self, cid: int) -> PersonalState:
         return self.base.init_client(cid)
 
-    def client_fit(self, msg: Message, state: PersonalState | None, data: ClientData) -> tuple[Message, PersonalState]:
+    def client_fit(self, msg: Message, state: PersonalState | None,
+                   data: ClientData) -> tuple[Message, PersonalState]:
         return self.client_fit_many({data.cid: msg}, {data.cid: state}, {data.cid: data})[data.cid]
 
     def client_fit_many(self, msgs: dict[int, Message], states: dict[int, PersonalState | None],
@@ -249,26 +260,30 @@ class FedLAG(Method[LagState, PersonalState]):
             mode = msgs[c].config.get("report")
             start, _, received = starts[c]
             if mode == "delta":
-                reply.arrays.update({REPORT + n: new.params[n] - start[n] for n in self.delta_report_names(received)})
+                names = self.delta_report_names(received)
+                reply.arrays.update({REPORT + n: new.params[n] - start[n] for n in names})
             elif mode == "gradient":
-                reply.arrays.update({REPORT + n: g for n, g in self._last_batch_gradient(new.params, data[c]).items()})
+                grads = self._last_batch_gradient(new.params, data[c])
+                reply.arrays.update({REPORT + n: g for n, g in grads.items()})
         return out
 
     def delta_report_names(self, received: dict[str, torch.Tensor]) -> tuple[str, ...]:
-        """The names whose round deltas a client reports when asked for ``"delta"``: exactly the FedLAG-personal
-        layers ``L``. The base sends ``S = all - O - L``, so what the client did not receive minus the base's own
-        personal part ``O`` is ``L`` (the server's ``base.personal``, which :meth:`validate_reply` expects); the
-        base's own head stays on the client."""
+        """The names whose round deltas a client reports when asked for ``"delta"``: exactly the
+        FedLAG-personal layers ``L``. The base sends ``S = all - O - L``, so what the client did not receive
+        minus the base's own personal part ``O`` is ``L`` (the server's ``base.personal``, which
+        :meth:`validate_reply` expects); the base's own head stays on the client."""
         return tuple(n for n in self.base.names if n not in received and n not in self.base.own_personal)
 
-    def _last_batch_gradient(self, params: dict[str, torch.Tensor], data: ClientData) -> dict[str, torch.Tensor]:
+    def _last_batch_gradient(self, params: dict[str, torch.Tensor],
+                             data: ClientData) -> dict[str, torch.Tensor]:
         """Gradient of the mean cross-entropy of the client's last ``batch_size`` training records (storage
         order) at ``params``, for the candidate layers."""
         x, y = data.train
         b = self.base.batch_size
         live = {n: t.detach().requires_grad_(True) for n, t in params.items()}
         names = [n for i in self.candidates for n in self.layers[i]]
-        grads = torch.autograd.grad(F.cross_entropy(self.base.logits(live, x[-b:]), y[-b:]), [live[n] for n in names])
+        loss = F.cross_entropy(self.base.logits(live, x[-b:]), y[-b:])
+        grads = torch.autograd.grad(loss, [live[n] for n in names])
         return {n: g.detach() for n, g in zip(names, grads)}
 
     def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
@@ -283,4 +298,5 @@ class FedLAG(Method[LagState, PersonalState]):
 
 
 def _without_reports(reply: Message) -> Message:
-    return Message(arrays={n: t for n, t in reply.arrays.items() if not n.startswith(REPORT)}, config=reply.config)
+    arrays = {n: t for n, t in reply.arrays.items() if not n.startswith(REPORT)}
+    return Message(arrays=arrays, config=reply.config)

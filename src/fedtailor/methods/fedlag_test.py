@@ -13,7 +13,8 @@ from fedtailor.methods.fedlag import FedLAG, capped_conflicts, conflict_counts, 
 from fedtailor.methods.pfl import LocalTraining
 
 BASE = ['data.dataset="digits"', "data.num_clients=5", "data.num_unseen=0", "data.context_size=0",
-        "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3", "data.min_records=40",
+        "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3",
+        "data.min_records=40",
         "federation.rounds=4", "federation.clients_per_round=5", 'method.model="mlp"', "method.lr=0.1",
         "method.batch_size=16", "seed=5"]
 LAG = ["method.fedlag.top_k=2", "method.fedlag.warmup=2"]
@@ -93,7 +94,8 @@ def test_options_run_and_report_their_scores(option):
     _, method, result = _run("fedavg", *LAG, option)
     summary = method.summary(result.state.server)
     rows = summary["fedlag_conflicts_per_round"]
-    assert len(rows) == (4 if "rechoose" in option else 2) and all(len(r) == len(method.candidates) for r in rows)
+    assert len(rows) == (4 if "rechoose" in option else 2)
+    assert all(len(r) == len(method.candidates) for r in rows)
     assert summary["fedlag_scores"] == [sum(col) for col in zip(*rows)]
     if "module" in option:
         assert all("+" in c for c in summary["fedlag_candidates"])  # weight and bias together
@@ -121,10 +123,11 @@ SEVEN = ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod"]
 
 @pytest.mark.parametrize("base", SEVEN)
 def test_rechoose_with_round_deltas_reports_exactly_the_fedlag_personal_layers_on_every_base(base):
-    """After the warm-up a client reports the round deltas of the FedLAG-personal layers and nothing else: never
-    the base's own personal part (FedPer's, FedRep's, FedBABU's head), so every reply is accepted and the shared
-    layers keep training."""
-    setup = build_setup(load_config(None, [*BASE, f'method.name="{base}"', *LAG, "method.fedlag.rechoose=true"]))
+    """After the warm-up a client reports the round deltas of the FedLAG-personal layers and nothing else:
+    never the base's own personal part (FedPer's, FedRep's, FedBABU's head), so every reply is accepted and
+    the shared layers keep training."""
+    rechoose = "method.fedlag.rechoose=true"
+    setup = build_setup(load_config(None, [*BASE, f'method.name="{base}"', *LAG, rechoose]))
     method = build_method(setup)
     assert isinstance(method, FedLAG) and method.update == "delta" and method.rechoose
     reports: list[tuple[int, set[str]]] = []
@@ -150,12 +153,12 @@ def test_rechoose_with_round_deltas_reports_exactly_the_fedlag_personal_layers_o
     method.client_fit_many, method.aggregate_fit = spy_fit, spy_aggregate
     result = run_federated(method, setup.clients, setup.schedule, eval_every=2, progress=False)
     assert [h["rejected"] for h in result.history] == [0, 0, 0, 0]
-    assert moved == {1: True, 2: True, 3: True, 4: True}  # every round aggregated and moved every shared layer
+    assert moved == {1: True, 2: True, 3: True, 4: True}  # every round aggregated, every shared layer moved
     assert len(reports) == 4 * 5
     for rnd, got in reports:
         assert not got & method.base.own_personal, (rnd, got)  # the base's own head never leaves the client
         assert got == (set(personal_at[rnd]) if rnd > 2 else set()), (rnd, got)
-    assert all(len(got) == 2 for rnd, got in reports if rnd > 2)  # top_k = 2 layers reported after the warm-up
+    assert all(len(got) == 2 for rnd, got in reports if rnd > 2)  # top_k = 2 layers after the warm-up
     rows = method.summary(result.state.server)["fedlag_conflicts_per_round"]
     assert len(rows) == 4  # scored every round, from the accepted replies
 
@@ -180,7 +183,8 @@ def test_one_adversary_moves_the_capped_score_by_at_most_the_cap_and_the_plain_c
     for seed in range(40):
         rows = _honest(12, 8, seed=seed, spread=1.5)
         bad = rows.clone()
-        bad[seed % 12] = -rows.mean(0) if seed % 2 else torch.randn(8, generator=torch.Generator().manual_seed(seed))
+        other = torch.randn(8, generator=torch.Generator().manual_seed(seed))
+        bad[seed % 12] = -rows.mean(0) if seed % 2 else other
         assert abs(capped_conflicts(bad, xi=0.0, cap=cap) - capped_conflicts(rows, xi=0.0, cap=cap)) <= cap
         jumps += abs(conflict_counts(bad, xi=0.0) - conflict_counts(rows, xi=0.0)) > cap
     assert jumps > 0  # the plain count is not bounded that way
@@ -191,7 +195,8 @@ def test_the_capped_score_is_the_fractional_cap_matching_and_the_plain_count_whe
 
     g = torch.Generator().manual_seed(2)
     for _ in range(60):
-        n, cap, xi = int(torch.randint(2, 11, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)), 0.2
+        n, cap, xi = (int(torch.randint(2, 11, (1,), generator=g)),
+                      int(torch.randint(1, 5, (1,), generator=g)), 0.2)
         h = torch.randn(n, 3, generator=g)
         c = conflict_matrix(h, xi=xi)
         assert torch.equal(c, c.T) and not c.diagonal().any()
