@@ -73,6 +73,10 @@ class FedLAGConfig(_Section):
     rechoose: bool = Field(False, description="keep scoring after the warm-up and re-choose every round")
     choice: Literal["conflict", "first", "middle", "last"] = Field(
         "conflict", description="top-k by conflict score, or a fixed First/Middle/Last-K for comparison")
+    cap: int | None = Field(
+        None, ge=1, description="robust score: no client takes part in more than cap of a layer's counted "
+        "conflicting pairs in a round, so one client moves a score by at most cap (docs/fedlag.md); none: "
+        "the paper's plain pair count")
 
 
 class _LocalSGDConfig(_Section):

@@ -60,8 +60,8 @@ def _local_training(setup: Setup) -> Method:
     if m.fedlag is None:
         return base
     f = m.fedlag
-    return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update, rechoose=f.rechoose,
-                  choice=f.choice)
+    return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update,
+                  rechoose=f.rechoose, choice=f.choice, cap=f.cap)
 
 
 def _compact(setup: Setup) -> Method:

@@ -9,11 +9,12 @@ import torch
 from fedtailor.config import load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated
-from fedtailor.methods.fedlag import FedLAG, conflict_counts
+from fedtailor.methods.fedlag import FedLAG, capped_conflicts, conflict_counts, conflict_matrix
 from fedtailor.methods.pfl import LocalTraining
 
 BASE = ['data.dataset="digits"', "data.num_clients=5", "data.num_unseen=0", "data.context_size=0",
-        "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3", "data.min_records=40",
+        "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3",
+        "data.min_records=40",
         "federation.rounds=4", "federation.clients_per_round=5", 'method.model="mlp"', "method.lr=0.1",
         "method.batch_size=16", "seed=5"]
 LAG = ["method.fedlag.top_k=2", "method.fedlag.warmup=2"]
@@ -93,7 +94,8 @@ def test_options_run_and_report_their_scores(option):
     _, method, result = _run("fedavg", *LAG, option)
     summary = method.summary(result.state.server)
     rows = summary["fedlag_conflicts_per_round"]
-    assert len(rows) == (4 if "rechoose" in option else 2) and all(len(r) == len(method.candidates) for r in rows)
+    assert len(rows) == (4 if "rechoose" in option else 2)
+    assert all(len(r) == len(method.candidates) for r in rows)
     assert summary["fedlag_scores"] == [sum(col) for col in zip(*rows)]
     if "module" in option:
         assert all("+" in c for c in summary["fedlag_candidates"])  # weight and bias together
@@ -103,7 +105,7 @@ def test_options_run_and_report_their_scores(option):
 def test_a_reply_without_its_requested_reports_is_refused():
     setup, method, result = _run("fedavg", *LAG, "method.fedlag.rechoose=true")
     server = result.state.server
-    cid = sorted(setup.clients)[0]
+    cid = min(setup.clients)
     msg = method.configure_fit(server, 4, cid)
     assert msg.config["report"] == "delta"
     reply, _ = method.client_fit(msg, result.state.clients[cid], setup.clients[cid])
@@ -114,3 +116,140 @@ def test_a_reply_without_its_requested_reports_is_refused():
                        config=reply.config)
     with pytest.raises(InvalidMessage, match="report"):
         method.validate_reply(server, "fit", 4, cid, stripped)
+
+
+SEVEN = ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod"]
+
+
+@pytest.mark.parametrize("base", SEVEN)
+def test_rechoose_with_round_deltas_reports_exactly_the_fedlag_personal_layers_on_every_base(base):
+    """After the warm-up a client reports the round deltas of the FedLAG-personal layers and nothing else:
+    never the base's own personal part (FedPer's, FedRep's, FedBABU's head), so every reply is accepted and
+    the shared layers keep training."""
+    rechoose = "method.fedlag.rechoose=true"
+    setup = build_setup(load_config(None, [*BASE, f'method.name="{base}"', *LAG, rechoose]))
+    method = build_method(setup)
+    assert isinstance(method, FedLAG) and method.update == "delta" and method.rechoose
+    reports: list[tuple[int, set[str]]] = []
+    personal_at: dict[int, frozenset[str]] = {}
+    moved: dict[int, bool] = {}
+    fit_many, aggregate = method.client_fit_many, method.aggregate_fit
+
+    def spy_fit(msgs, states, data):
+        out = fit_many(msgs, states, data)
+        for c, (reply, _) in out.items():
+            reports.append((int(msgs[c].config["round"]),
+                            {n[len("report/"):] for n in reply.arrays if n.startswith("report/")}))
+        return out
+
+    def spy_aggregate(server, rnd, replies):
+        new, metrics = aggregate(server, rnd, replies)
+        personal_at[rnd] = server.base.personal
+        shared = method.base.shared_names(server.base)
+        moved[rnd] = len(shared) > 0 and all(not torch.equal(new.base.params[n], server.base.params[n])
+                                             for n in shared)
+        return new, metrics
+
+    method.client_fit_many, method.aggregate_fit = spy_fit, spy_aggregate
+    result = run_federated(method, setup.clients, setup.schedule, eval_every=2, progress=False)
+    assert [h["rejected"] for h in result.history] == [0, 0, 0, 0]
+    assert moved == {1: True, 2: True, 3: True, 4: True}  # every round aggregated, every shared layer moved
+    assert len(reports) == 4 * 5
+    for rnd, got in reports:
+        assert not got & method.base.own_personal, (rnd, got)  # the base's own head never leaves the client
+        assert got == (set(personal_at[rnd]) if rnd > 2 else set()), (rnd, got)
+    assert all(len(got) == 2 for rnd, got in reports if rnd > 2)  # top_k = 2 layers after the warm-up
+    rows = method.summary(result.state.server)["fedlag_conflicts_per_round"]
+    assert len(rows) == 4  # scored every round, from the accepted replies
+
+
+def _honest(n: int, dim: int, seed: int, spread: float) -> torch.Tensor:
+    """``n`` client updates around one common direction (``spread`` = noise relative to it)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(dim, generator=g) + spread * torch.randn(n, dim, generator=g)
+
+
+@pytest.mark.parametrize("cap", [1, 2, 3, 7])
+def test_one_adversary_moves_the_capped_score_by_at_most_the_cap_and_the_plain_count_by_n_minus_1(cap):
+    n = 20
+    honest = _honest(n, 50, seed=3, spread=0.3)
+    assert conflict_counts(honest, xi=0.0) == 0 and capped_conflicts(honest, xi=0.0, cap=cap) == 0
+    attacked = honest.clone()
+    attacked[7] = -honest[torch.arange(n) != 7].mean(0)  # client 7 sends the negative of the honest mean
+    assert conflict_counts(attacked, xi=0.0) == n - 1  # it conflicts with every other client
+    assert capped_conflicts(attacked, xi=0.0, cap=cap) == cap  # but takes part in at most cap counted pairs
+    # the bound holds for any honest updates, conflicting ones too, and any replacement row
+    jumps = 0
+    for seed in range(40):
+        rows = _honest(12, 8, seed=seed, spread=1.5)
+        bad = rows.clone()
+        other = torch.randn(8, generator=torch.Generator().manual_seed(seed))
+        bad[seed % 12] = -rows.mean(0) if seed % 2 else other
+        assert abs(capped_conflicts(bad, xi=0.0, cap=cap) - capped_conflicts(rows, xi=0.0, cap=cap)) <= cap
+        jumps += abs(conflict_counts(bad, xi=0.0) - conflict_counts(rows, xi=0.0)) > cap
+    assert jumps > 0  # the plain count is not bounded that way
+
+
+def test_the_capped_score_is_the_fractional_cap_matching_and_the_plain_count_when_no_client_exceeds_the_cap():
+    from scipy.optimize import linprog
+
+    g = torch.Generator().manual_seed(2)
+    for _ in range(60):
+        n, cap, xi = (int(torch.randint(2, 11, (1,), generator=g)),
+                      int(torch.randint(1, 5, (1,), generator=g)), 0.2)
+        h = torch.randn(n, 3, generator=g)
+        c = conflict_matrix(h, xi=xi)
+        assert torch.equal(c, c.T) and not c.diagonal().any()
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n) if c[i, j]]
+        plain = conflict_counts(h, xi=xi)
+        assert plain == len(pairs)
+        assert capped_conflicts(h, xi=xi, cap=n - 1) == plain  # a cap of n - 1 never binds
+        if pairs:  # the definition: max sum x over conflicting pairs, 0 <= x <= 1, at most cap per client
+            a = torch.zeros(n, len(pairs), dtype=torch.float64)
+            for k, (i, j) in enumerate(pairs):
+                a[i, k] = a[j, k] = 1
+            lp = -linprog(-torch.ones(len(pairs)).numpy(), A_ub=a.numpy(), b_ub=[cap] * n, bounds=(0, 1)).fun
+            assert capped_conflicts(h, xi=xi, cap=cap) == pytest.approx(lp, abs=1e-9)
+            assert capped_conflicts(h, xi=xi, cap=cap) * 2 == int(capped_conflicts(h, xi=xi, cap=cap) * 2)
+    with pytest.raises(ValueError, match="cap"):
+        capped_conflicts(h, xi=0.0, cap=0)
+
+
+def test_without_an_adversary_the_capped_score_picks_the_same_layers_as_the_plain_count():
+    setup = build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG]))
+    plain = build_method(setup)
+    capped = build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG,
+                                                         "method.fedlag.cap=2"])))
+    assert (plain.cap, capped.cap) == (None, 2) and len(plain.candidates) == 6
+    e = torch.tensor([1.0, 0.0])
+    layers = [
+        torch.stack([e] * 8),                                             # all agree: 0 conflicts
+        torch.stack([e] * 4 + [-e] * 4),                                  # two camps of 4: 16 pairs, 4 each
+        torch.stack([torch.tensor([1.0, 2.0]), torch.tensor([1.0, -2.0])] + [e] * 6),  # one pair
+        torch.stack([-e] * 2 + [e] * 6),                                  # 2 against 6: 12 pairs
+        torch.stack([e] * 7 + [torch.zeros(2)]),                          # a zero update: 0
+        torch.stack([e] * 6 + [torch.tensor([-1.0, 1.0]), torch.tensor([0.0, 1.0])]),  # one client against 6
+    ]
+    plain_scores = [plain.layer_score(h) for h in layers]
+    capped_scores = [capped.layer_score(h) for h in layers]
+    assert plain_scores == [0, 16, 1, 12, 0, 6]
+    assert capped_scores == [0, 8, 1, 4, 0, 2]  # each client counted in at most 2 pairs
+    assert plain.choose(plain_scores) == capped.choose(capped_scores) == (1, 3)
+
+
+def test_a_cap_that_never_binds_is_the_plain_run_bit_for_bit_and_a_binding_cap_bounds_each_round():
+    _, plain, a = _run("fedavg", *LAG)
+    _, lax, b = _run("fedavg", *LAG, "method.fedlag.cap=4")  # 5 clients: nobody has more than 4 pairs
+    assert lax.summary(b.state.server)["fedlag_scores"] == plain.summary(a.state.server)["fedlag_scores"]
+    for n, t in a.state.server.base.params.items():
+        assert torch.equal(b.state.server.base.params[n], t)
+    assert a.evaluation == b.evaluation
+    assert "fedlag_cap" not in plain.summary(a.state.server)  # the default summary is unchanged
+    _, tight, c = _run("fedavg", *LAG, "method.fedlag.cap=1")
+    summary = tight.summary(c.state.server)
+    assert summary["fedlag_cap"] == 1
+    rows = summary["fedlag_conflicts_per_round"]
+    assert len(rows) == 2 and all(0 <= x <= 2.5 and 2 * x == int(2 * x) for r in rows for x in r)
+    assert any(x > 1 for r in plain.summary(a.state.server)["fedlag_conflicts_per_round"] for x in r)
+    with pytest.raises(ValueError, match="cap"):
+        load_config(None, [*BASE, 'method.name="fedavg"', *LAG, "method.fedlag.cap=0"])
