@@ -1,7 +1,7 @@
 """TLS and node authentication on the real Deployment Engine, as docs/flower.md describes them for several
 machines: a SuperLink with its own CA-signed certificate that admits only SuperNodes whose public keys were
-registered with `flwr supernode register`, a fedtailor run on the registered nodes, and a node with a key that
-was never registered refused."""
+registered with `flwr supernode register`, a fedtailor run on the registered nodes, and two intruders refused:
+a node with a key that was never registered, and a node with no key."""
 
 from __future__ import annotations
 
