@@ -51,9 +51,11 @@ class Federation:
         self.home.mkdir()
         self.link = _free_port()
         (self.home / "config.toml").write_text(f'[superlink.deploy]\naddress = "127.0.0.1:{self.link}"\ninsecure = true\n')
-        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
         self.bin = Path(sys.executable).parent
+        # the SuperLink starts flower-superexec by name: the environment's bin must be on PATH (unactivated venv)
+        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
+                    "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         self.procs: list[subprocess.Popen] = []
         self.node_logs: list[Path] = []
 
