@@ -231,3 +231,52 @@ def test_evaluation_replies_are_type_checked(cid, value):
     assert (cid in out and cid != 0) == (good and cid == 1)
     for metrics in out.values():
         assert all(isinstance(v, float) and np.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("driver", ["in-process", "flower"])
+@pytest.mark.parametrize("name", ["fedavg", "compact lrsuq simulation"])
+def test_both_drivers_reject_a_hostile_reply_and_aggregate_the_rest(driver, name):
+    """One of a round's two replies is replaced by a float64 copy (it used to pass validation and crash the
+    aggregation): both drivers record it as rejected, keep running, and end where a run without that client's
+    reply ends."""
+    from fedtailor.fl.loop import run_federated
+
+    def poisoned(method, bad):
+        fit = method.client_fit
+
+        def client_fit(msg, state, data):
+            reply, state = fit(msg, state, data)
+            if data.cid == bad:
+                arrays = {k: v.double() for k, v in reply.arrays.items()}
+                config = ({**reply.config, "payload": reply.config["payload"][:-1]} if "payload" in reply.config
+                          else reply.config)
+                reply = Message(arrays=arrays, config=config)
+            return reply, state
+
+        method.client_fit = client_fit
+        method.vectorize = False  # one client at a time, through client_fit
+        return method
+
+    setup = build_setup(load_config(None, [*CONFIGS[name], "federation.rounds=1"]))
+    bad = int(setup.schedule[0, 0])
+    if driver == "in-process":
+        result = run_federated(poisoned(build_method(setup), bad), setup.clients, setup.schedule, progress=False)
+        history, server = result.history, result.state.server
+    else:
+        pytest.importorskip("flwr")
+        from fedtailor.flower.apps import drive, handle
+
+        method, states = poisoned(build_method(setup), bad), {}
+
+        def exchange(kind, msgs):
+            out = {}
+            for cid, msg in msgs.items():
+                out[cid], states[cid] = handle(kind, msg, states.get(cid, method.init_client(cid)), method,
+                                               setup.clients[cid])
+            return out
+
+        server, history, _ = drive(method, setup, exchange)
+    assert history[0]["rejected"] == 1
+    alone = run_federated(build_method(setup), setup.clients, setup.schedule[:, 1:], progress=False).state.server
+    for k, v in (server.params if hasattr(server, "params") else server.omega).items():
+        torch.testing.assert_close(v, (alone.params if hasattr(alone, "params") else alone.omega)[k])
