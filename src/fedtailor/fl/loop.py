@@ -26,7 +26,15 @@ from tqdm.auto import tqdm
 
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import (
-    Abstained, ClientData, InvalidMessage, Message, Metrics, RoundRejected, TrainingDiverged, check_metrics)
+    Abstained,
+    ClientData,
+    InvalidMessage,
+    Message,
+    Metrics,
+    RoundRejected,
+    TrainingDiverged,
+    check_metrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +113,7 @@ def save_checkpoint(path: Path, state: LoopState, schedule: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def open_private(path: Path):  # noqa: ANN201 - a binary file object
+def open_private(path: Path):
     """``path`` opened for writing with mode 0600 from its creation (files that hold keys: checkpoints, the
     Flower server state); an existing file is truncated and set to 0600."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -124,15 +124,15 @@ def test_a_client_weight_is_capped_by_what_the_server_knows_and_updates_can_be_b
     long update is rejected, or clipped to the bound (the aggregate then moves by at most the bound)."""
     ds, part, clients = digits_clients
     schedule = _schedule(part, rounds=1)
-    model_fn = lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3)  # noqa: E731
+    model_fn = lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3)
     sizes = {c: len(d.train[1]) for c, d in clients.items()}
-    kw = dict(model_fn=model_fn, lr=0.1, local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), rounds=6,
-              train_sizes=sizes)
+    kw = {"model_fn": model_fn, "lr": 0.1, "local_epochs": 1, "batch_size": 16, "seed": 3,
+          "device": torch.device("cpu"), "rounds": 6, "train_sizes": sizes}
     plain = FedAvg(**kw)
     server = plain.init_server()
     cid = int(schedule[0, 0])
     reply, _ = plain.client_fit(plain.configure_fit(server, 1, cid), None, clients[cid])
-    claim = lambda n: Message(arrays=reply.arrays, config={**reply.config, "num_examples": n})  # noqa: E731
+    claim = lambda n: Message(arrays=reply.arrays, config={**reply.config, "num_examples": n})
     for n in (sizes[cid], 1):
         plain.validate_reply(server, "fit", 1, cid, claim(n))
     with pytest.raises(InvalidMessage, match="partition size"):

@@ -250,7 +250,7 @@ def _on_node(kind: str, msg: FlowerMessage, context: Context) -> FlowerMessage:
         refuse_unsafe(method, str(context.node_config.get(ALLOW_KEY, "")))  # the node's own operator decides
         out, state = handle(kind, from_records(msg.content), _load_state(context, method, cid), method,
                             setup.clients[cid])
-    except Exception:  # noqa: BLE001 - logged here in full; the server gets a generic reason only
+    except Exception:
         log.exception("client failed on a %s message", kind)
         raise ClientFailed(f"the client could not answer this {kind} message; the reason is in the node's log") from None
     _save_state(context, state)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fedtailor.flower import apps  # noqa: E402
+from fedtailor.flower import apps
 
 
 class _Risky:

@@ -555,6 +555,16 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                 "secure (256-bit keys from each client's OS entropy)")
         return mode, void
 
+    def holds_against(self) -> str:
+        """Whom the reported eps covers, given the randomness and the codec (docs/privacy.md, "What a key holder
+        learns")."""
+        if self.simulation:
+            return "whoever does not know the config's seed"
+        if self.codec.private_noise:
+            return "the server (key ring, state, checkpoints, logs) and every output"
+        return ("every output and observer without the clients' codec secrets; not the decoder, whose key ring "
+                "holds LRSUQ's shared randomness")
+
     def summary(self, server: CompactState) -> dict[str, Any]:
         ledger = server.ledger
         eps = ledger.epsilons() if self.noisy else {}
@@ -580,6 +590,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
             "epsilon_includes": "this run" if self.replay_ledger is None else f"this run and {self.cfg.replay_from}",
             "randomness": mode,
+            "epsilon_holds_against": self.holds_against(),
             "epsilon_void": bool(void),
             "epsilon_void_reasons": void,
             "releases": len(ledger.releases),

@@ -88,7 +88,7 @@ def test_what_a_holder_of_the_lrsuq_key_learns():
     key, the decoder knows each block's layer radius rho, and the error of every block lies inside it (the
     documented leak of docs/privacy.md: its eps holds against everyone without the key, not the decoder).
     A Gaussian error with no key known would leave such balls in about 15% of the blocks."""
-    setup, method, state, cid, u, y, _ = _secure_release("lrsuq")
+    _, method, state, cid, u, y, _ = _secure_release("lrsuq")
     codec, sigma = method.codec, state.server.sigma
     key = release_key(state.server.codec_secrets[cid], cid, 1)
     b = codec.block_size
@@ -115,8 +115,8 @@ def test_a_client_refuses_what_its_own_plan_does_not_allow(codec):
     data, own = setup.clients[cid], state.clients.get(cid)
     sigma = state.server.sigma
     unscheduled = next(r for r in range(1, len(setup.schedule) + 1) if cid not in setup.schedule[r - 1])
-    for change, why in ((dict(sigma=sigma / 2), "below its own"), (dict(sigma=0.0), "below its own"),
-                        (dict(round=unscheduled), "not scheduled"), (dict(round=10_000), "outside the schedule")):
+    for change, why in (({"sigma": sigma / 2}, "below its own"), ({"sigma": 0.0}, "below its own"),
+                        ({"round": unscheduled}, "not scheduled"), ({"round": 10_000}, "outside the schedule")):
         with pytest.raises(RequestRefused, match=why):
             method.client_fit(_asked(method, state.server, rnd, cid, **change), own, data)
     reply, after = method.client_fit(_asked(method, state.server, rnd, cid), own, data)
@@ -143,6 +143,9 @@ def test_the_deployment_risks_name_what_voids_the_guarantee():
     assert set(sim.deployment_risks()) == {"simulation-randomness", "diagnostics", "unpadded"}
     _, secure = build(SECURE, 'method.codec="lrsuq"')
     assert secure.deployment_risks() == {}
+    assert "not the decoder" in secure.holds_against() and "seed" in sim.holds_against()
+    _, dense = build(SECURE)
+    assert dense.holds_against().startswith("the server")
 
 
 # ----- what the server accepts ----------------------------------------------------------------------------------

@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 import torch
