@@ -367,6 +367,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def config_digest(cfg: RunConfig) -> str:
+    """SHA-256 of the resolved config (every field, defaults included): what a node operator pins so that the node
+    serves only the run it approved (``--node-config "config-sha256=..."``, docs/flower.md)."""
+    import hashlib
+
+    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()
+
+
 def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] = ()) -> RunConfig:
     """Build a validated :class:`RunConfig` from a file (or dict, or defaults) plus ``key=value`` overrides."""
     tree = dict(source) if isinstance(source, dict) else read_config_file(source) if source else {}

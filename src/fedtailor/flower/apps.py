@@ -5,7 +5,8 @@ Run config keys (``flwr run . FEDERATION -c 'key=value ...'``): ``config`` (a fe
 the quick start), ``set`` (``;``-separated ``key=value`` overrides, as ``--set``), ``out`` (a folder the server
 writes ``results.json`` into), ``allow`` (settings that void the guarantee and are refused otherwise:
 ``simulation-randomness``, ``diagnostics``, ``unpadded``). Node config: ``partition-id`` (which client of the
-partition the node is), ``allow`` (the same names: a node refuses them unless its own operator allows them).
+partition the node is), ``allow`` (the same names: a node refuses them unless its own operator allows them),
+``config-sha256`` (optional: the digest of the only resolved config the node serves).
 
 Both halves build the run from the same config (:func:`fedtailor.experiment.build_setup`): the server uses the
 method and the schedule, a node uses only its own client's records and keeps its persistent client state in
@@ -24,6 +25,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedtailor.fl.records import RequestRefused
 from fedtailor.flower.binding import NodeBinding, ReplyView
 from fedtailor.flower.records import STATE_KEY, from_records, state_from_bytes, state_to_bytes, to_records
 
@@ -52,6 +54,9 @@ server_app = ServerApp()
 #: Settings that void a deployment's guarantee (``Method.deployment_risks``), refused by the ServerApp unless
 #: the run config's ``allow`` key names them (comma-separated), e.g. ``-c "allow='simulation-randomness'"``.
 ALLOW_KEY = "allow"
+#: Node config key: the SHA-256 of the resolved config the node's operator approved (``fedtailor.config.
+#: config_digest``); with it the node refuses any other run config, whoever starts the run.
+PIN_KEY = "config-sha256"
 
 
 def refuse_unsafe(method: Any, allowed: str) -> None:
@@ -201,7 +206,12 @@ client_app = ClientApp()
 
 
 def _client(context: Context) -> tuple[Any, Any, int]:
+    from fedtailor.config import config_digest
+
     setup, method = _build(*_run_config(context))
+    pin = str(context.node_config.get(PIN_KEY, ""))
+    if pin and pin != config_digest(setup.cfg):  # the node serves only the run its operator approved
+        raise RequestRefused(f"the run's config digest {config_digest(setup.cfg)} is not the pinned {pin}.")
     cid = int(context.node_config["partition-id"])
     return setup, method, cid
 

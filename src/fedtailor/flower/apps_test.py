@@ -75,3 +75,21 @@ def test_a_node_refuses_risky_settings_its_own_operator_did_not_allow(monkeypatc
     with pytest.raises(apps.ClientFailed):
         apps._on_node("train", SimpleNamespace(content={}), SimpleNamespace(node_config={"partition-id": 0}, state={}))
     assert not calls  # refused before any work
+
+
+def test_a_node_pinned_to_a_config_refuses_any_other(monkeypatch):
+    """A node's operator pins the resolved config it approved (``config-sha256``): a run started with another
+    config (here the same run with a 16x larger epsilon target) is refused before any work."""
+    from fedtailor.config import config_digest, load_config
+
+    approved = load_config(None, ["method.privacy.epsilon=4"])
+    other = load_config(None, ["method.privacy.epsilon=64"])
+    assert config_digest(approved) != config_digest(other)
+    assert config_digest(approved) == config_digest(load_config(None, ["method.privacy.epsilon=4.0"]))
+    monkeypatch.setattr(apps, "_build", lambda *a: (SimpleNamespace(cfg=other, clients={0: None}), _Risky()))
+    context = SimpleNamespace(node_config={"partition-id": 0, "config-sha256": config_digest(approved)},
+                              run_config={}, state={})
+    with pytest.raises(apps.RequestRefused, match="not the pinned"):
+        apps._client(context)
+    context.node_config["config-sha256"] = config_digest(other)
+    assert apps._client(context)[2] == 0
