@@ -284,7 +284,8 @@ def test_the_same_apps_run_on_the_simulation_engine(tmp_path):
     home.mkdir()
     (home / "config.toml").write_text('[superlink.local]\naddress = ":local:"\n')
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1"}
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     try:
         run = subprocess.run([Path(sys.executable).parent / "flwr", "run", str(REPO), "local", "--stream",
                               "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
