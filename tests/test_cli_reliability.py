@@ -206,3 +206,24 @@ def test_random_bytes_never_produce_a_traceback(blob, stopped_run, tmp_path_fact
     (work / "u.npy").write_bytes(blob)
     _fails(capsys, ["codec", "roundtrip", "--sigma", "0.1", "--seed", "1", "--input", str(work / "u.npy"),
                     "--out", str(work / "o.npz")])
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", "..", ".hidden", ""])
+def test_a_run_name_that_is_not_one_plain_path_component_is_refused(tmp_path, capsys, tiny, monkeypatch, name):
+    """``name`` becomes the run directory OUT_DIR/NAME-seedSEED: it must not climb out of OUT_DIR."""
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    err = _fails(capsys, ["run", *tiny, "--no-progress", "--set", f'name="{name}"', "--set",
+                          f'out_dir="{work}"'])
+    assert err.startswith("fedtailor run: error: invalid config: name: must be a plain name") and repr(name) in err
+    assert not any(tmp_path.rglob("config.json"))
+
+
+def test_a_sweep_grid_value_with_a_path_in_it_stays_inside_the_sweep_directory(tmp_path, capsys, tiny):
+    out = tmp_path / "a" / "b" / "sw"
+    assert main(["sweep", *tiny, "--grid", "out_dir=../../../escaped,x", "--out", str(out), "--seeds", "1",
+                 "--no-progress"]) == 0
+    results = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.json"))
+    assert len(results) == 2 and all(p.parts[:3] == ("a", "b", "sw") and len(p.parts) == 6 for p in results)
+    assert not (tmp_path / "a" / "b" / "escaped").exists()

@@ -8,6 +8,7 @@ over seeds.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -51,9 +52,18 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def _slug(assignments: tuple[tuple[str, str], ...]) -> str:
+    """The folder name of a grid point, ``key=value`` joined by ``_``: always one path component inside the
+    sweep directory. A value holding a path separator (``--grid out_dir=../../x``) has it replaced, and a
+    digest of the point keeps such points apart; every other slug is unchanged (earlier sweeps resume)."""
     if not assignments:
         return "base"
-    return "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in assignments)
+    text = "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in assignments)
+    if _SEPARATORS.search(text):
+        return f"{_SEPARATORS.sub('_', text)}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return text
+
+
+_SEPARATORS = re.compile(r"[/\\\0]")  # what would make a slug more than one path component
 
 
 def run_sweep(
