@@ -151,6 +151,8 @@ def run_experiment(
         if isinstance(err, RunInterrupted):
             err.run_dir = out if ckpt.exists() else None
         raise
+    finally:
+        method.close()  # e.g. pFedDPO's spilled sum of a round that an error or Ctrl-C cut short
     if result.state.round < cfg.federation.rounds:
         log.info("stopped after round %d of %d; continue with --resume", result.state.round, cfg.federation.rounds)
     _write_results(out, cfg, setup, method, result, wall=time.perf_counter() - t0)
