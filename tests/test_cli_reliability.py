@@ -4,6 +4,7 @@ code, and the run directory left in a state a fixed command can use (never stuck
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -227,3 +228,37 @@ def test_a_sweep_grid_value_with_a_path_in_it_stays_inside_the_sweep_directory(t
     results = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.json"))
     assert len(results) == 2 and all(p.parts[:3] == ("a", "b", "sw") and len(p.parts) == 6 for p in results)
     assert not (tmp_path / "a" / "b" / "escaped").exists()
+
+
+_INTERRUPT_WHILE_IMPORTING = """
+import importlib.abc, os, signal, sys, time
+
+MODULE = sys.argv[1]
+
+
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while this module is being imported
+            time.sleep(60)
+        return None
+
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["fedtailor", *sys.argv[2:]]
+from fedtailor.cli import main  # what the console script runs
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("module", ["numpy", "torch", "fedtailor.runner"])
+def test_ctrl_c_while_fedtailor_is_still_importing_is_one_line(tmp_path, tiny, module):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _INTERRUPT_WHILE_IMPORTING, module, "run", *tiny, "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 130 and re.fullmatch(r"fedtailor( run)?: interrupted\.", run.stderr.strip()), \
+        (run.returncode, run.stderr)
+    assert not (tmp_path / "run").exists()
