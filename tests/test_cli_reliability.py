@@ -230,6 +230,62 @@ def test_a_sweep_grid_value_with_a_path_in_it_stays_inside_the_sweep_directory(t
     assert not (tmp_path / "a" / "b" / "escaped").exists()
 
 
+def _refused(capsys, argv: list[str]) -> str:
+    """Like :func:`_fails` for argparse's own checks too (they raise SystemExit(2))."""
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, (code, err)
+    return err
+
+
+CALIBRATE = ["privacy", "calibrate", "--eps", "16", "--seed", "41"]
+PARTITION = ["partition", "--dataset", "digits", "--seed", "1", "--clients", "5", "--context-size", "10"]
+IMPOSSIBLE = {  # argv (TINY stands for the tiny config) -> what the one line must say
+    "jobs 0": (["reproduce", "--jobs", "0", "--list"], "argument --jobs: must be >= 1, got 0"),
+    "jobs -2": (["reproduce", "--jobs", "-2", "--list"], "argument --jobs: must be >= 1, got -2"),
+    "stop-after 0": (["run", "TINY", "--stop-after", "0"], "argument --stop-after: must be >= 1, got 0"),
+    "seeds reversed": (["sweep", "TINY", "--seeds", "45-41", "--out", "OUT"], "--seeds: the range '45-41' is empty"),
+    "seeds twice": (["sweep", "TINY", "--seeds", "41,42,41", "--out", "OUT"], "gives seed 41 more than once"),
+    "grid value twice": (["sweep", "TINY", "--grid", "method.lr=0.1,0.1", "--out", "OUT", "--seeds", "1"],
+                         "lists 0.1 more than once"),
+    "grid key twice": (["sweep", "TINY", "--grid", "method.lr=0.1", "--grid", "method.lr=0.2", "--out", "OUT",
+                        "--seeds", "1"], "--grid method.lr is given twice"),
+    "rounds -5": ([*CALIBRATE, "--rounds", "-5"], "argument --rounds: must be >= 1, got -5"),
+    "rounds 0": ([*CALIBRATE, "--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    "clients 0": ([*CALIBRATE, "--clients", "0"], "argument --clients: must be >= 1"),
+    "eps 0": (["privacy", "calibrate", "--eps", "0", "--seed", "1"], "argument --eps: must be a finite number > 0"),
+    "eps -1": (["privacy", "calibrate", "--eps", "-1", "--seed", "1"], "argument --eps: must be a finite number"),
+    "eps inf": (["privacy", "calibrate", "--eps", "inf", "--seed", "1"], "argument --eps: must be a finite number"),
+    "delta 1": ([*CALIBRATE, "--delta", "1"], "argument --delta: must lie strictly between 0 and 1, got 1"),
+    "delta 0": ([*CALIBRATE, "--delta", "0"], "argument --delta: must lie strictly between 0 and 1, got 0"),
+    "per-round > clients": ([*CALIBRATE, "--per-round", "50"], "--per-round 50 exceeds --clients 40"),
+    "context-size 0": ([*CALIBRATE, "--context-size", "0"], "argument --context-size: must be >= 1"),
+    "batch-size 0": ([*CALIBRATE, "--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    "clip inf": ([*CALIBRATE, "--clip", "inf"], "argument --clip: must be a finite number > 0"),
+    "unseen = clients": ([*PARTITION, "--unseen", "5"], "--unseen 5 must be smaller than --clients 5"),
+    "alpha 0": ([*PARTITION, "--alpha", "0"], "argument --alpha: must be a finite number > 0"),
+    "eval-fraction 1.5": ([*PARTITION, "--eval-fraction", "1.5"], "argument --eval-fraction: must lie strictly"),
+    "max-rows 0": ([*PARTITION, "--max-rows", "0"], "argument --max-rows: must be >= 1, got 0"),
+    "partition clients 0": ([*PARTITION, "--clients", "0"], "argument --clients: must be >= 1, got 0"),
+    "sigma inf": (["codec", "roundtrip", "--sigma", "inf", "--seed", "1", "--input", "u.npy", "--out", "o.npz"],
+                  "argument --sigma: must be a finite number > 0"),
+    "norm inf": (["codec", "bench", "--norm", "inf"], "argument --norm: must be a finite number > 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
+def test_an_impossible_flag_value_is_one_line_naming_the_flag(tmp_path, capsys, tiny, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    argv, expected = IMPOSSIBLE[case]
+    argv = [tiny[0] if a == "TINY" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert expected in _refused(capsys, argv)
+    assert not (tmp_path / "out").exists()
+
+
 _INTERRUPT_WHILE_IMPORTING = """
 import importlib.abc, os, signal, sys, time
 

@@ -30,12 +30,15 @@ def parse_seeds(text: str) -> list[int]:
         if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", part):
             lo, hi = (int(v) for v in part.split("-"))
             if hi < lo:
-                raise ValueError(f"seed range {part!r} is empty; write LOW-HIGH, e.g. 41-45.")
+                raise ValueError(f"--seeds: the range {part!r} is empty; write LOW-HIGH, e.g. 41-45.")
             out.extend(range(lo, hi + 1))
         elif part.strip().isdigit():
             out.append(int(part))
         else:
-            raise ValueError(f"cannot read seeds {text!r}; use e.g. 41-45 or 41,42,43.")
+            raise ValueError(f"cannot read --seeds {text!r}; use e.g. 41-45 or 41,42,43.")
+    twice = sorted({s for s in out if out.count(s) > 1})
+    if twice:  # a seed run twice would count twice in the mean and shrink the std over seeds
+        raise ValueError(f"--seeds {text!r} gives seed {twice[0]} more than once; give each seed once.")
     return out
 
 
@@ -47,6 +50,12 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         values = [v.strip() for v in item.split("=", 1)[1].split(",") if v.strip()]
         if not values:
             raise ValueError(f"--grid {item!r} has no values; write KEY=V1,V2 (e.g. --grid method.lr=0.05,0.1).")
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise ValueError(f"--grid {item!r} lists {twice[0]} more than once; give each value once.")
+        if ".".join(key) in (k for k, _ in grid):
+            raise ValueError(f"--grid {'.'.join(key)} is given twice; give all its values in one "
+                             f"--grid {'.'.join(key)}=V1,V2.")
         grid.append((".".join(key), values))
     return grid
 
