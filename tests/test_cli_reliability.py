@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -333,3 +334,49 @@ def test_calibrating_a_hundred_million_rounds_finishes(tmp_path):
     assert report["t_mean"] == 5_000_000 and report["t_min"] < 5_000_000 < report["t_max"] < 5_020_000
     assert all(line.startswith("fedtailor privacy calibrate: sampling the 100,000,000-round schedule")
                for line in run.stderr.splitlines())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("hub", ["offline flag", "no answer", "hub error"])
+def test_the_shipped_pfeddpo_config_without_its_data_file_names_the_file_and_the_fix(tmp_path, capsys, monkeypatch,
+                                                                                     hub):
+    """No local HH-RLHF file and no hub (no network here): one line naming the local path, data.dataset and where
+    the file comes from, at once (the hub's retries are not waited for)."""
+    datasets = pytest.importorskip("datasets")
+    import fedtailor.lm.setup as lm_setup
+
+    monkeypatch.setattr(lm_setup, "shared_data_file", lambda *parts: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    calls = []
+
+    def hub_load(*args, **kwargs):  # what datasets raises offline, after its retries
+        calls.append(args)
+        raise ConnectionError("Couldn't reach 'Anthropic/hh-rlhf' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", hub_load)
+    if hub == "offline flag":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    elif hub == "no answer":  # a hub endpoint that refuses the connection
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+    else:
+        monkeypatch.setattr(lm_setup, "_hub_unreachable", lambda: None)
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "pfeddpo" / "hh-rlhf.toml")
+    err = _fails(capsys, ["run", config, "--out", str(tmp_path / "run"), "--no-progress"])
+    local = f"{lm_setup.shared_data_roots()[0] / 'hh-rlhf-harmless-base' / 'test.jsonl.gz'}"
+    assert err.startswith("fedtailor run: error: data.dataset 'hh-rlhf': no local copy at " + local)
+    assert "Anthropic/hh-rlhf" in err and "harmless-base/test.jsonl.gz" in err
+    assert "--set 'data.dataset=\"hh-rlhf:/path/to/test.jsonl.gz\"'" in err
+    assert {"offline flag": "HF_HUB_OFFLINE is set", "no answer": "did not answer",
+            "hub error": "ConnectionError: Couldn't reach"}[hub] in err
+    assert len(calls) == (hub == "hub error") and not (tmp_path / "run").exists()
+    err = _fails(capsys, ["run", config, "--out", str(tmp_path / "run"), "--set",
+                          f'data.dataset="hh-rlhf:{tmp_path / "nope.jsonl.gz"}"'])
+    assert "data.dataset 'hh-rlhf:" in err and "nope.jsonl.gz is not a file" in err
