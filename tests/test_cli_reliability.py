@@ -380,3 +380,34 @@ def test_the_shipped_pfeddpo_config_without_its_data_file_names_the_file_and_the
     err = _fails(capsys, ["run", config, "--out", str(tmp_path / "run"), "--set",
                           f'data.dataset="hh-rlhf:{tmp_path / "nope.jsonl.gz"}"'])
     assert "data.dataset 'hh-rlhf:" in err and "nope.jsonl.gz is not a file" in err
+
+
+def test_a_finite_but_absurd_loss_is_divergence_too(tmp_path, capsys, tiny):
+    """FedPer at lr 1e6 (the issue's case): its first round's loss is about 8e24, finite; the run stops as
+    diverged, with no results and no directory (no checkpoint had been written)."""
+    out = tmp_path / "run"
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", "--set", 'method.name="fedper"',
+                          "--set", "method.lr=1e6", "--set", 'method.model="dnn"', "--set", 'data.dataset="mnist-5k"',
+                          "--set", "data.limit=600"])
+    assert "round 1" in err and "loss" in err and "diverged" in err and "method.lr" in err
+    assert not out.exists()
+
+
+def test_the_divergence_rule_stops_at_a_loss_past_the_limit_and_nowhere_else():
+    from fedtailor.fl.records import LOSS_LIMIT, TrainingDiverged, check_diverged, diverged_keys
+
+    sane = {"round": 3, "loss": 41.7, "seen/loss": 0.5 * LOSS_LIMIT, "kappa2": 10 * LOSS_LIMIT,
+            "uplink_bytes": 10**12, "clients": [1, 2], "rejected": 0}
+    assert diverged_keys(sane) == []
+    check_diverged(sane, 3, "training")
+    assert diverged_keys({**sane, "loss": 2.4e24, "seen/loss": float("nan")}) == ["loss", "seen/loss"]
+    with pytest.raises(TrainingDiverged, match=r"round 3: evaluation gave future/loss = 2e\+06 \(a loss above"):
+        check_diverged({"future/loss": 2 * LOSS_LIMIT, "future/accuracy": 0.1}, 3, "evaluation")
+
+
+def test_a_run_directory_made_from_the_config_is_not_called_out(tmp_path, capsys, tiny):
+    """Without --out the run directory comes from out_dir and name: the message says so, not '--out'."""
+    (tmp_path / "tiny-seed41").write_text("mine")
+    err = _fails(capsys, ["run", *tiny, "--set", f'out_dir="{tmp_path}"', "--no-progress"])
+    assert f"the run directory {tmp_path / 'tiny-seed41'} (the config's out_dir/NAME-seedSEED) is a file" in err
+    assert (tmp_path / "tiny-seed41").read_text() == "mine"
