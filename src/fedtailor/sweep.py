@@ -85,6 +85,11 @@ def run_sweep(
         raise ValueError(f"--out {out} is a file; a sweep writes a directory of runs, choose another path.")
     if not seeds:
         raise ValueError("no seeds to run; give --seeds, e.g. 41-43.")
+    keys = [("--grid", k) for k, _ in grid] + [("--set", ".".join(parse_override(o)[0])) for o in overrides]
+    for flag, key in keys:
+        if key.strip() == "seed":  # the run's seed=S from --seeds comes last and would silently win
+            raise ValueError(f"{flag} seed=...: a sweep takes its seeds from --seeds (e.g. --seeds 41-43); "
+                             f"drop {flag} seed.")
     points = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
     # every point and seed is validated before anything runs: a bad value fails now, not after hours
     configs = {}
