@@ -264,9 +264,9 @@ class _Boom:  # what a hostile data file carries: unpickling it would call os.sy
 
 
 def test_a_dataset_pickle_that_would_run_code_is_refused_and_a_real_format_one_loads(tmp_path, monkeypatch):
-    """mnist's pickle (given by root=, e.g. from a Flower run config) is read by a restricted unpickler: the real
-    format (numpy arrays in tuples, protocol 2) loads; one naming os.system is refused with the file named and
-    nothing is run; the same for a CIFAR-10 batch."""
+    """mnist's pickle (given by root=, e.g. from a Flower run config) is read by a restricted unpickler: the
+    real format (numpy arrays in tuples, protocol 2) loads; one naming os.system is refused with the file
+    named and nothing is run; the same for a CIFAR-10 batch."""
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)
     splits = tuple((rng.random((n, 784), dtype=np.float32), rng.integers(0, 10, n)) for n in (5, 2, 3))
@@ -280,7 +280,7 @@ def test_a_dataset_pickle_that_would_run_code_is_refused_and_a_real_format_one_l
     evil = tmp_path / "evil.pkl.gz"
     with gzip.open(evil, "wb") as f:
         pickle.dump(((_Boom(), 1), (2, 3), (4, 5)), f, protocol=2)
-    with pytest.raises(ValueError, match=r"evil\.pkl\.gz refers to posix\.system.*only arrays and plain") as err:
+    with pytest.raises(ValueError, match=r"evil\.pkl\.gz refers to posix\.system.*only arrays and") as err:
         load_dataset("mnist", root=evil)
     assert "\n" not in str(err.value) and not (tmp_path / "pwned").exists()
     folder = tmp_path / "c"

@@ -19,7 +19,7 @@ from fedtailor.rng import numpy_rng
 def test_schedule_counts_are_the_counts_of_the_sampled_schedule(clients, per_round, rounds, seed, monkeypatch):
     """Every branch of numpy's choice (Floyd's algorithm, k = n, the tail shuffle of a large population) and
     chunks cut anywhere (tiny chunks here)."""
-    import fedtailor.fl.schedule as schedule
+    from fedtailor.fl import schedule
 
     want = participation_counts(uniform_schedule(num_clients=clients, rounds=rounds, per_round=per_round,
                                                  seed=seed), clients)

@@ -166,7 +166,8 @@ def test_a_round_cut_short_between_folds_leaves_no_spill_folder(tmp_path, monkey
     monkeypatch.setattr(runner, "build_setup", lambda cfg: setup)
     monkeypatch.setattr(runner, "build_method", lambda s: method)
     cfg = load_config(None, ['method.name="pfeddpo"', "data.num_clients=3", "data.num_unseen=0",
-                             "federation.rounds=2", "federation.clients_per_round=3", "method.spill_sum=true"])
+                             "federation.rounds=2", "federation.clients_per_round=3",
+                             "method.spill_sum=true"])
     with pytest.raises((RuntimeError, RunInterrupted)):
         runner.run_experiment(cfg, tmp_path / "run", progress=False)
     assert [p.name for p in spilled] == ["sum.safetensors"]
