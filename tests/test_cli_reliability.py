@@ -317,7 +317,7 @@ sys.exit(main())
 """
 
 
-@pytest.mark.parametrize("module", ["numpy", "torch", "fedtailor.runner"])
+@pytest.mark.parametrize("module", ["numpy", "torch", "fedtailor.fl.loop"])
 def test_ctrl_c_while_fedtailor_is_still_importing_is_one_line(tmp_path, tiny, module):
     import subprocess
     import sys
