@@ -4,7 +4,9 @@ code, and the run directory left in a state a fixed command can use (never stuck
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,11 +84,11 @@ def test_divergence_is_an_error_not_a_result(tmp_path, capsys, tiny):
 
 
 def test_a_private_run_with_a_huge_sigma_is_stopped_and_files_stay_valid_json(tmp_path, capsys):
-    out = tmp_path / "run"
+    out = tmp_path / "run"  # round 1 has no evaluation, so it is recorded; round 2's evaluation diverges
     err = _fails(capsys, ["run", "--out", str(out), "--no-progress", *[f"--set={s}" for s in COMPACT_SMALL],
-                          "--set", "method.privacy.epsilon=0.0001", "--set", "federation.eval_every=1",
+                          "--set", "method.privacy.epsilon=0.0001", "--set", "federation.eval_every=2",
                           "--set", "federation.checkpoint_every=1"])
-    assert "diverged" in err and "epsilon" in err
+    assert "diverged" in err and "epsilon" in err and "round 2" in err
     for line in (out / "metrics.jsonl").read_text().splitlines():
         json.loads(line)  # strict JSON (no bare NaN)
     assert not (out / "results.json").exists()
@@ -206,3 +208,216 @@ def test_random_bytes_never_produce_a_traceback(blob, stopped_run, tmp_path_fact
     (work / "u.npy").write_bytes(blob)
     _fails(capsys, ["codec", "roundtrip", "--sigma", "0.1", "--seed", "1", "--input", str(work / "u.npy"),
                     "--out", str(work / "o.npz")])
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", "..", ".hidden", ""])
+def test_a_run_name_that_is_not_one_plain_path_component_is_refused(tmp_path, capsys, tiny, monkeypatch,
+                                                                    name):
+    """``name`` becomes the run directory OUT_DIR/NAME-seedSEED: it must not climb out of OUT_DIR."""
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    err = _fails(capsys, ["run", *tiny, "--no-progress", "--set", f'name="{name}"', "--set",
+                          f'out_dir="{work}"'])
+    assert err.startswith("fedtailor run: error: invalid config: name: must be a plain name")
+    assert repr(name) in err
+    assert not any(tmp_path.rglob("config.json"))
+
+
+def test_a_sweep_grid_value_with_a_path_in_it_stays_inside_the_sweep_directory(tmp_path, capsys, tiny):
+    out = tmp_path / "a" / "b" / "sw"
+    assert main(["sweep", *tiny, "--grid", "out_dir=../../../escaped,x", "--out", str(out), "--seeds", "1",
+                 "--no-progress"]) == 0
+    results = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.json"))
+    assert len(results) == 2 and all(p.parts[:3] == ("a", "b", "sw") and len(p.parts) == 6 for p in results)
+    assert not (tmp_path / "a" / "b" / "escaped").exists()
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    """Like :func:`_fails` for argparse's own checks too (they raise SystemExit(2))."""
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, (code, err)
+    return err
+
+
+CALIBRATE = ["privacy", "calibrate", "--eps", "16", "--seed", "41"]
+PARTITION = ["partition", "--dataset", "digits", "--seed", "1", "--clients", "5", "--context-size", "10"]
+IMPOSSIBLE = {  # argv (TINY stands for the tiny config) -> what the one line must say
+    "jobs 0": (["reproduce", "--jobs", "0", "--list"], "argument --jobs: must be >= 1, got 0"),
+    "jobs -2": (["reproduce", "--jobs", "-2", "--list"], "argument --jobs: must be >= 1, got -2"),
+    "stop-after 0": (["run", "TINY", "--stop-after", "0"], "argument --stop-after: must be >= 1, got 0"),
+    "seeds reversed": (["sweep", "TINY", "--seeds", "45-41", "--out", "OUT"],
+                       "--seeds: the range '45-41' is empty"),
+    "seeds twice": (["sweep", "TINY", "--seeds", "41,42,41", "--out", "OUT"], "gives seed 41 more than once"),
+    "grid value twice": (["sweep", "TINY", "--grid", "method.lr=0.1,0.1", "--out", "OUT", "--seeds", "1"],
+                         "lists 0.1 more than once"),
+    "grid key twice": (["sweep", "TINY", "--grid", "method.lr=0.1", "--grid", "method.lr=0.2", "--out", "OUT",
+                        "--seeds", "1"], "--grid method.lr is given twice"),
+    "grid seed": (["sweep", "TINY", "--grid", "seed=1,2", "--out", "OUT"],
+                  "--grid seed=...: a sweep takes its seeds"),
+    "set seed": (["sweep", "TINY", "--set", "seed=3", "--out", "OUT"], "--set seed=...: a sweep takes"),
+    "rounds -5": ([*CALIBRATE, "--rounds", "-5"], "argument --rounds: must be >= 1, got -5"),
+    "rounds 0": ([*CALIBRATE, "--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    "clients 0": ([*CALIBRATE, "--clients", "0"], "argument --clients: must be >= 1"),
+    "eps 0": (["privacy", "calibrate", "--eps", "0", "--seed", "1"], "argument --eps: must be a finite"),
+    "eps -1": (["privacy", "calibrate", "--eps", "-1", "--seed", "1"], "argument --eps: must be a finite"),
+    "eps inf": (["privacy", "calibrate", "--eps", "inf", "--seed", "1"], "argument --eps: must be a finite"),
+    "delta 1": ([*CALIBRATE, "--delta", "1"], "argument --delta: must lie strictly between 0 and 1, got 1"),
+    "delta 0": ([*CALIBRATE, "--delta", "0"], "argument --delta: must lie strictly between 0 and 1, got 0"),
+    "per-round > clients": ([*CALIBRATE, "--per-round", "50"], "--per-round 50 exceeds --clients 40"),
+    "context-size 0": ([*CALIBRATE, "--context-size", "0"], "argument --context-size: must be >= 1"),
+    "batch-size 0": ([*CALIBRATE, "--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    "clip inf": ([*CALIBRATE, "--clip", "inf"], "argument --clip: must be a finite number > 0"),
+    "unseen = clients": ([*PARTITION, "--unseen", "5"], "--unseen 5 must be smaller than --clients 5"),
+    "alpha 0": ([*PARTITION, "--alpha", "0"], "argument --alpha: must be a finite number > 0"),
+    "eval-fraction 1.5": ([*PARTITION, "--eval-fraction", "1.5"],
+                          "argument --eval-fraction: must lie strictly between 0 and 1"),
+    "max-rows 0": ([*PARTITION, "--max-rows", "0"], "argument --max-rows: must be >= 1, got 0"),
+    "partition clients 0": ([*PARTITION, "--clients", "0"], "argument --clients: must be >= 1, got 0"),
+    "sigma inf": (["codec", "roundtrip", "--sigma", "inf", "--seed", "1", "--input", "u.npy", "--out",
+                   "o.npz"],
+                  "argument --sigma: must be a finite number > 0"),
+    "norm inf": (["codec", "bench", "--norm", "inf"], "argument --norm: must be a finite number > 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
+def test_an_impossible_flag_value_is_one_line_naming_the_flag(tmp_path, capsys, tiny, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    argv, expected = IMPOSSIBLE[case]
+    argv = [tiny[0] if a == "TINY" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    assert expected in _refused(capsys, argv)
+    assert not (tmp_path / "out").exists()
+
+
+_INTERRUPT_WHILE_IMPORTING = """
+import importlib.abc, os, signal, sys, time
+
+MODULE = sys.argv[1]
+
+
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives while this module is being imported
+            time.sleep(60)
+        return None
+
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["fedtailor", *sys.argv[2:]]
+from fedtailor.cli import main  # what the console script runs
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("module", ["numpy", "torch", "fedtailor.fl.loop"])
+def test_ctrl_c_while_fedtailor_is_still_importing_is_one_line(tmp_path, tiny, module):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _INTERRUPT_WHILE_IMPORTING, module, "run", *tiny, "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 130 and re.fullmatch(r"fedtailor( run)?: interrupted\.", run.stderr.strip()), \
+        (run.returncode, run.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_calibrating_a_hundred_million_rounds_finishes(tmp_path):
+    """The schedule's counts are exact without sampling it round by round in Python (that took half an hour
+    and 1.6 GB); a run long enough to notice says how long it takes."""
+    import subprocess
+    import sys
+
+    argv = ["privacy", "calibrate", "--eps", "16", "--seed", "41", "--rounds", "100000000", "--json"]
+    run = subprocess.run([sys.executable, "-m", "fedtailor", *argv], capture_output=True, text=True, check=False,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert report["t_mean"] == 5_000_000 and report["t_min"] < 5_000_000 < report["t_max"] < 5_020_000
+    assert all(line.startswith("fedtailor privacy calibrate: sampling the 100,000,000-round schedule")
+               for line in run.stderr.splitlines())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("hub", ["offline flag", "no answer", "hub error"])
+def test_the_shipped_pfeddpo_config_without_its_data_file_names_the_file_and_the_fix(tmp_path, capsys,
+                                                                                     monkeypatch, hub):
+    """No local HH-RLHF file and no hub (no network here): one line naming the local path, data.dataset and
+    where the file comes from, at once (the hub's retries are not waited for)."""
+    datasets = pytest.importorskip("datasets")
+    import fedtailor.lm.setup as lm_setup
+
+    monkeypatch.setattr(lm_setup, "shared_data_file", lambda *parts: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    calls = []
+
+    def hub_load(*args, **kwargs):  # what datasets raises offline, after its retries
+        calls.append(args)
+        raise ConnectionError("Couldn't reach 'Anthropic/hh-rlhf' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", hub_load)
+    if hub == "offline flag":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    elif hub == "no answer":  # a hub endpoint that refuses the connection
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_free_port()}")
+    else:
+        monkeypatch.setattr(lm_setup, "_hub_unreachable", lambda: None)
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "pfeddpo" / "hh-rlhf.toml")
+    err = _fails(capsys, ["run", config, "--out", str(tmp_path / "run"), "--no-progress"])
+    local = f"{lm_setup.shared_data_roots()[0] / 'hh-rlhf-harmless-base' / 'test.jsonl.gz'}"
+    assert err.startswith("fedtailor run: error: data.dataset 'hh-rlhf': no local copy at " + local)
+    assert "Anthropic/hh-rlhf" in err and "harmless-base/test.jsonl.gz" in err
+    assert "--set 'data.dataset=\"hh-rlhf:/path/to/test.jsonl.gz\"'" in err
+    assert {"offline flag": "HF_HUB_OFFLINE is set", "no answer": "did not answer",
+            "hub error": "ConnectionError: Couldn't reach"}[hub] in err
+    assert len(calls) == (hub == "hub error") and not (tmp_path / "run").exists()
+    err = _fails(capsys, ["run", config, "--out", str(tmp_path / "run"), "--set",
+                          f'data.dataset="hh-rlhf:{tmp_path / "nope.jsonl.gz"}"'])
+    assert "data.dataset 'hh-rlhf:" in err and "nope.jsonl.gz is not a file" in err
+
+
+def test_a_finite_but_absurd_loss_is_divergence_too(tmp_path, capsys, tiny):
+    """FedPer at lr 1e6 (the issue's case): its first round's loss is about 8e24, finite; the run stops as
+    diverged, with no results and no directory (no checkpoint had been written)."""
+    out = tmp_path / "run"
+    sets = ['method.name="fedper"', "method.lr=1e6", 'method.model="dnn"', 'data.dataset="mnist-5k"',
+            "data.limit=600"]
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", *[f"--set={s}" for s in sets]])
+    assert "round 1" in err and "loss" in err and "diverged" in err and "method.lr" in err
+    assert not out.exists()
+
+
+def test_the_divergence_rule_stops_at_a_loss_past_the_limit_and_nowhere_else():
+    from fedtailor.fl.records import LOSS_LIMIT, TrainingDiverged, check_diverged, diverged_keys
+
+    sane = {"round": 3, "loss": 41.7, "seen/loss": 0.5 * LOSS_LIMIT, "kappa2": 10 * LOSS_LIMIT,
+            "uplink_bytes": 10**12, "clients": [1, 2], "rejected": 0}
+    assert diverged_keys(sane) == []
+    check_diverged(sane, 3, "training")
+    assert diverged_keys({**sane, "loss": 2.4e24, "seen/loss": float("nan")}) == ["loss", "seen/loss"]
+    with pytest.raises(TrainingDiverged, match=r"round 3: evaluation gave future/loss = 2e\+06 \(a loss"):
+        check_diverged({"future/loss": 2 * LOSS_LIMIT, "future/accuracy": 0.1}, 3, "evaluation")
+
+
+def test_a_run_directory_made_from_the_config_is_not_called_out(tmp_path, capsys, tiny):
+    """Without --out the run directory comes from out_dir and name: the message says so, not '--out'."""
+    (tmp_path / "tiny-seed41").write_text("mine")
+    err = _fails(capsys, ["run", *tiny, "--set", f'out_dir="{tmp_path}"', "--no-progress"])
+    where = tmp_path / "tiny-seed41"
+    assert f"the run directory {where} (the config's out_dir/NAME-seedSEED) is a file" in err
+    assert (tmp_path / "tiny-seed41").read_text() == "mine"

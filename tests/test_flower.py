@@ -334,3 +334,38 @@ def test_compact_adaptation_deployed_in_secure_mode_cannot_be_regenerated_from_i
     seeded = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
     assert not any(torch.allclose(deployed.omega[k], seeded.omega[k]) for k in ("W",))
     assert deployed.ledger.to_json() != "" and len(json.loads(deployed.ledger.to_json())["releases"]) > 0
+
+
+class _Boom:  # what a hostile stored state carries: unpickling it would call os.system
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_stored_client_state_is_loaded_only_when_it_is_state(tmp_path, monkeypatch):
+    """Bytes in a node's context.state that would run code are refused before unpickling; the client states of
+    the methods (pFL, compact adaptation, pFedDPO with its adapter and AdamW moments) come back equal."""
+    from fedtailor.fl.loop import run_federated
+    from fedtailor.flower.records import UnsafeClientState
+    from fedtailor.methods.compact import CompactClient
+    from fedtailor.methods.pfeddpo import DPOClient
+    from fedtailor.methods.pfl import PersonalState
+
+    personal = PersonalState(params={"w": torch.randn(3, 2)}, extra={"head": torch.randn(2)})
+    back = state_from_bytes(state_to_bytes(personal))
+    assert isinstance(back, PersonalState) and torch.equal(back.params["w"], personal.params["w"])
+    assert torch.equal(back.extra["head"], personal.extra["head"])
+    secret = 2**255 + 12345  # a 256-bit codec secret
+    assert state_from_bytes(state_to_bytes(CompactClient(secret))) == CompactClient(codec_secret=secret)
+    dpo = DPOClient(adapter={"lora_A": torch.randn(2, 4)}, ref_train=torch.randn(5, 2),
+                    moments={"lora_A": {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 4)}})
+    back = state_from_bytes(state_to_bytes(dpo))
+    assert isinstance(back, DPOClient) and back.ref_eval is None
+    assert torch.equal(back.ref_train, dpo.ref_train)
+    assert torch.equal(back.moments["lora_A"]["exp_avg"], dpo.moments["lora_A"]["exp_avg"])
+    assert state_from_bytes(state_to_bytes(None)) is None
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsafeClientState, match=r"refers to 'posix.system'.*not loaded"):
+        state_from_bytes(state_to_bytes({"adapter": _Boom()}))
+    assert not (tmp_path / "pwned").exists()
+    with pytest.raises(UnsafeClientState, match="run_federated"):  # a fedtailor function is code, not state
+        state_from_bytes(state_to_bytes({"step": run_federated}))

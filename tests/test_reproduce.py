@@ -82,13 +82,13 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
     """Replay's shape: a block reads the run directory of another block's run of the same seed; it starts only
     once that run has finished, and is not run at all when that run fails."""
     cfg = registry["tiny"].blocks[0].config
-    exp = rp.Experiment("dep", "x", (rp.Block("late", cfg, sets=('name="{needs}"', "method.lr=0.05"),
+    exp = rp.Experiment("dep", "x", (rp.Block("late", cfg, sets=('out_dir="{needs}"', "method.lr=0.05"),
                                               needs="early/lr=0.1"),
                                      rp.Block("early", cfg, (("method.lr", ("0.1",)),))), seeds=(1, 2))
     runs = rp.plan(["dep"], out=tmp_path, seeds=None, quick=False, registry={"dep": exp})
     late = [r for r in runs if r.block == "late"]
     assert [str(r.after) for r in late] == [str(tmp_path / "dep/early/lr=0.1" / f"seed{s}") for s in (1, 2)]
-    assert f'name="{late[0].after}"' in late[0].sets
+    assert f'out_dir="{late[0].after}"' in late[0].sets
     log = tmp_path / "order.txt"
 
     def fake(run):  # logs its start, writes a finished results.json, logs its end (seed 2's early fails)

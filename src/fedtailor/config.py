@@ -15,11 +15,13 @@ Layout::
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class _Section(BaseModel):
@@ -267,14 +269,33 @@ METHOD_NAMES = ("compact", "fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "
 DPO_METHODS = ("pfeddpo", "feddpo", "dpo-central")
 
 
+# A name that becomes part of a path (the run directory OUT_DIR/NAME-seedSEED): one plain path component.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_plain_name(value: str) -> str:
+    """``value`` if it is one plain path component (letters, digits, '.', '_', '-'; no '..', no '/'), else a
+    pydantic error that says so."""
+    if not PLAIN_NAME.fullmatch(value) or ".." in value:
+        raise PydanticCustomError(
+            "plain_name", "must be a plain name of letters, digits, '.', '_' and '-' that starts with a letter "
+            "or digit and holds no '..' (it names the run directory), e.g. \"my-run\"")
+    return value
+
+
 class RunConfig(_Section):
-    name: str = "run"
+    name: str = Field("run", description="names the run directory OUT_DIR/NAME-seedSEED (a plain name)")
     seed: int = 41
     device: str = "auto"
     out_dir: str = "runs"
     data: DataConfig = DataConfig()
     federation: FederationConfig = FederationConfig()
     method: MethodConfig = CompactConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        return check_plain_name(value)
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

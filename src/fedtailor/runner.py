@@ -20,6 +20,7 @@ from typing import Any
 from fedtailor.config import RunConfig, dump_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import RunInterrupted, load_checkpoint, run_federated, summarize
+from fedtailor.fl.records import check_diverged, diverged_keys
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,14 @@ def _defaults_of(cfg: RunConfig) -> dict[str, Any]:
             "method": type(cfg.method)().model_dump(mode="json")}
 
 
-def _check_out(out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, Any] | None = None) -> bool:
-    """Refuse an unusable run directory before anything is loaded; returns True when it must be created."""
+def _check_out(out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, Any] | None = None,
+               given: bool = True) -> bool:
+    """Refuse an unusable run directory before anything is loaded; returns True when it must be created.
+    ``given``: the directory was given (``--out``), not made from the config's ``out_dir`` and ``name``."""
     if out.exists() and not out.is_dir():
+        if not given:
+            raise ValueError(f"the run directory {out} (the config's out_dir/NAME-seedSEED) is a file, not a "
+                             "directory; choose another with --out, or change name or out_dir.")
         raise ValueError(f"--out {out} is a file, not a directory; choose another path for the run directory.")
     fresh = not out.exists() or not any(out.iterdir())
     if not resume:
@@ -127,13 +133,13 @@ def run_experiment(
 
     Nothing is written until the run can start: the directory, data, method and (on resume) the checkpoint are
     checked first, and a run that fails before its first checkpoint removes the directory this call created.
-    A diverging run (non-finite loss) raises :class:`~fedtailor.fl.loop.TrainingDiverged` and writes no
-    results; an interrupt raises :class:`~fedtailor.fl.loop.RunInterrupted` naming the last checkpoint.
+    A diverging run (a non-finite value, or a loss above :data:`~fedtailor.fl.records.LOSS_LIMIT`) raises
+    :class:`~fedtailor.fl.records.TrainingDiverged` and writes no results; an interrupt raises :class:`~fedtailor.fl.loop.RunInterrupted` naming the last checkpoint.
     """
     out = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     ckpt = out / "checkpoint.pt"
     cfg_text = dump_config(cfg)
-    create = _check_out(out, cfg_text, resume=resume, defaults=_defaults_of(cfg))
+    create = _check_out(out, cfg_text, resume=resume, defaults=_defaults_of(cfg), given=run_dir is not None)
 
     t0 = time.perf_counter()
     setup = build_setup(cfg)
@@ -153,6 +159,8 @@ def run_experiment(
         if isinstance(err, RunInterrupted):
             err.run_dir = out if ckpt.exists() else None
         raise
+    finally:
+        method.close()  # e.g. pFedDPO's spilled sum of a round that an error or Ctrl-C cut short
     if result.state.round < cfg.federation.rounds:
         log.info("stopped after round %d of %d; continue with --resume", result.state.round, cfg.federation.rounds)
     _write_results(out, cfg, setup, method, result, wall=time.perf_counter() - t0)
@@ -169,13 +177,19 @@ def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, h
     os.replace(tmp, metrics_path)
 
     def on_round(record: dict[str, Any]) -> None:
+        # a finite loss past LOSS_LIMIT is divergence too (the loop itself stops on non-finite values)
+        bad = diverged_keys(record)
+        phase = "evaluation" if bad and all("/" in k for k in bad) else "training"
+        check_diverged(record, int(record["round"]), phase)
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
 
-    return run_federated(
+    result = run_federated(
         method, setup.clients, setup.schedule, eval_every=cfg.federation.eval_every, checkpoint=out / "checkpoint.pt",
         checkpoint_every=cfg.federation.checkpoint_every, on_round=on_round, progress=progress, stop_after=stop_after,
     )
+    check_diverged(summarize(result.evaluation, setup.clients), result.state.round, "the final evaluation")
+    return result
 
 
 def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: Any, *, wall: float) -> None:

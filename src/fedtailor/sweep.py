@@ -8,6 +8,7 @@ over seeds.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -29,12 +30,15 @@ def parse_seeds(text: str) -> list[int]:
         if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", part):
             lo, hi = (int(v) for v in part.split("-"))
             if hi < lo:
-                raise ValueError(f"seed range {part!r} is empty; write LOW-HIGH, e.g. 41-45.")
+                raise ValueError(f"--seeds: the range {part!r} is empty; write LOW-HIGH, e.g. 41-45.")
             out.extend(range(lo, hi + 1))
         elif part.strip().isdigit():
             out.append(int(part))
         else:
-            raise ValueError(f"cannot read seeds {text!r}; use e.g. 41-45 or 41,42,43.")
+            raise ValueError(f"cannot read --seeds {text!r}; use e.g. 41-45 or 41,42,43.")
+    twice = sorted({s for s in out if out.count(s) > 1})
+    if twice:  # a seed run twice would count twice in the mean and shrink the std over seeds
+        raise ValueError(f"--seeds {text!r} gives seed {twice[0]} more than once; give each seed once.")
     return out
 
 
@@ -46,14 +50,29 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         values = [v.strip() for v in item.split("=", 1)[1].split(",") if v.strip()]
         if not values:
             raise ValueError(f"--grid {item!r} has no values; write KEY=V1,V2 (e.g. --grid method.lr=0.05,0.1).")
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise ValueError(f"--grid {item!r} lists {twice[0]} more than once; give each value once.")
+        if ".".join(key) in (k for k, _ in grid):
+            raise ValueError(f"--grid {'.'.join(key)} is given twice; give all its values in one "
+                             f"--grid {'.'.join(key)}=V1,V2.")
         grid.append((".".join(key), values))
     return grid
 
 
 def _slug(assignments: tuple[tuple[str, str], ...]) -> str:
+    """The folder name of a grid point, ``key=value`` joined by ``_``: always one path component inside the
+    sweep directory. A value holding a path separator (``--grid out_dir=../../x``) has it replaced, and a
+    digest of the point keeps such points apart; every other slug is unchanged (earlier sweeps resume)."""
     if not assignments:
         return "base"
-    return "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in assignments)
+    text = "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in assignments)
+    if _SEPARATORS.search(text):
+        return f"{_SEPARATORS.sub('_', text)}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return text
+
+
+_SEPARATORS = re.compile(r"[/\\\0]")  # what would make a slug more than one path component
 
 
 def run_sweep(
@@ -66,6 +85,11 @@ def run_sweep(
         raise ValueError(f"--out {out} is a file; a sweep writes a directory of runs, choose another path.")
     if not seeds:
         raise ValueError("no seeds to run; give --seeds, e.g. 41-43.")
+    keys = [("--grid", k) for k, _ in grid] + [("--set", ".".join(parse_override(o)[0])) for o in overrides]
+    for flag, key in keys:
+        if key.strip() == "seed":  # the run's seed=S from --seeds comes last and would silently win
+            raise ValueError(f"{flag} seed=...: a sweep takes its seeds from --seeds (e.g. --seeds 41-43); "
+                             f"drop {flag} seed.")
     points = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
     # every point and seed is validated before anything runs: a bad value fails now, not after hours
     configs = {}

@@ -1,4 +1,9 @@
-"""The ``fedtailor`` command line. Each area registers its own subcommands from one small module."""
+"""The ``fedtailor`` command line. Each area registers its own subcommands from one small module.
+
+This package imports nothing heavy at import time (torch and numpy come with the subcommands, inside
+:func:`main`), so that Ctrl-C while the command is still starting up ends as every Ctrl-C does: one line and
+exit code 130, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,19 @@ import importlib
 import logging
 import sys
 
-from fedtailor.fl.loop import RunInterrupted
-from fedtailor.privacy.ledger import PrivacyBudgetExceeded
-
 # Modules under fedtailor.cli that define ``register(subparsers)``; each adds its subcommands.
 _COMMAND_MODULES = ("run", "datasets", "privacy", "codec", "reproduce")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (the flag, the problem, where the usage is), exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fedtailor",
         description="Private and personalized federated learning (compact adaptation, LRSUQ, pFedDPO, FedLAG).",
     )
@@ -27,8 +36,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The console entry point. Ctrl-C at any moment, the imports of the subcommands included, exits with 130
+    and one line."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("fedtailor: interrupted.", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from fedtailor.fl.loop import RunInterrupted
+    from fedtailor.privacy.ledger import PrivacyBudgetExceeded
+
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -15,25 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedtailor.cli.checks import positive_float as _positive_float
+from fedtailor.cli.checks import positive_int as _positive_int
 from fedtailor.codecs import CODEC_NAMES, get_codec, release_key
 from fedtailor.codecs.bench import bench_codecs, bench_notes, markdown, single_thread
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def _codec_options(args: argparse.Namespace) -> dict[str, object]:

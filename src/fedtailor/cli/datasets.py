@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from fedtailor.cli.checks import nonnegative_int, open_unit, positive_float, positive_int
 from fedtailor.data.datasets import DATASET_NAMES, available_datasets, load_dataset
 from fedtailor.data.partition import SCHEMES, federated_partition, format_partition_table, plot_partition
 
@@ -21,6 +22,9 @@ def _datasets(args: argparse.Namespace) -> int:
 
 
 def _partition(args: argparse.Namespace) -> int:
+    if args.unseen >= args.clients:
+        raise ValueError(f"--unseen {args.unseen} must be smaller than --clients {args.clients} (some "
+                         "clients must be seen); lower --unseen or raise --clients.")
     dataset = load_dataset(args.dataset, root=args.root)
     partition = federated_partition(
         dataset.y,
@@ -60,13 +64,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"one of {', '.join(DATASET_NAMES)} or idx:<images>,<labels> (default mnist)",
     )
     p.add_argument("--root", default=None, help="folder/file of the dataset when not in its default place")
-    p.add_argument("--clients", type=int, default=50, help="number of clients (default 50)")
-    p.add_argument("--unseen", type=int, default=10, help="unseen (Future) clients among them (default 10)")
-    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (default 0.5)")
+    p.add_argument("--clients", type=positive_int, default=50, help="number of clients (default 50)")
+    p.add_argument("--unseen", type=nonnegative_int, default=10,
+                   help="unseen (Future) clients among them, fewer than --clients (default 10)")
+    p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration (default 0.5)")
     p.add_argument("--scheme", choices=SCHEMES, default="dirichlet-equal", help="partition scheme")
-    p.add_argument("--eval-fraction", type=float, default=0.2, help="seen clients' eval share (default 0.2)")
-    p.add_argument("--context-size", type=int, default=333, help="conditioning set size m_c (default 333)")
+    p.add_argument("--eval-fraction", type=open_unit, default=0.2,
+                   help="seen clients' eval share, in (0, 1) (default 0.2)")
+    p.add_argument("--context-size", type=nonnegative_int, default=333,
+                   help="conditioning set size m_c (default 333)")
     p.add_argument("--seed", type=int, required=True, help="seed (the reported runs use 41..45)")
-    p.add_argument("--max-rows", type=int, default=60, help="clients shown in the table (default 60)")
+    p.add_argument("--max-rows", type=positive_int, default=60,
+                   help="clients shown in the table (default 60)")
     p.add_argument("--plot", default=None, help="write a stacked-bar PNG of class shares to this path")
     p.set_defaults(func=_partition)

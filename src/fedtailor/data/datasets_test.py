@@ -254,3 +254,43 @@ def test_available_datasets_is_true_here() -> None:
     assert list(info) == ["mnist", "mnist-5k", "fashion-mnist", "digits", "cifar10"]
     assert all(info[n].available for n in ("mnist", "mnist-5k", "fashion-mnist", "digits"))
     assert not info["cifar10"].available and info["fashion-mnist"].num_records == 70_000
+
+
+class _Boom:  # what a hostile data file carries: unpickling it would call os.system
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch pwned",))
+
+
+def test_a_dataset_pickle_that_would_run_code_is_refused_and_a_real_format_one_loads(tmp_path, monkeypatch):
+    """mnist's pickle (given by root=, e.g. from a Flower run config) is read by a restricted unpickler: the
+    real format (numpy arrays in tuples, protocol 2) loads; one naming os.system is refused with the file
+    named and nothing is run; the same for a CIFAR-10 batch."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    splits = tuple((rng.random((n, 784), dtype=np.float32), rng.integers(0, 10, n)) for n in (5, 2, 3))
+    good = tmp_path / "good" / "mnist.pkl.gz"
+    good.parent.mkdir()
+    with gzip.open(good, "wb") as f:
+        pickle.dump(splits, f, protocol=2)
+    ds = load_dataset("mnist", root=good.parent)
+    assert len(ds) == 10 and ds.x.shape == (10, 1, 28, 28)
+    np.testing.assert_array_equal(ds.x[5:7].reshape(2, 784), splits[1][0])
+    evil = tmp_path / "evil.pkl.gz"
+    with gzip.open(evil, "wb") as f:
+        pickle.dump(((_Boom(), 1), (2, 3), (4, 5)), f, protocol=2)
+    with pytest.raises(ValueError, match=r"evil\.pkl\.gz refers to posix\.system.*only arrays and") as err:
+        load_dataset("mnist", root=evil)
+    assert "\n" not in str(err.value) and not (tmp_path / "pwned").exists()
+    folder = tmp_path / "c"
+    _write_cifar(folder, rng)
+    with open(folder / "data_batch_3", "wb") as f:
+        pickle.dump({b"data": _Boom(), b"labels": [0]}, f, protocol=2)
+    with pytest.raises(ValueError, match="data_batch_3 refers to posix.system"):
+        load_cifar10(folder)
+    assert not (tmp_path / "pwned").exists()
+    with open(folder / "data_batch_3", "wb") as f:  # any class is refused, not only functions
+        pickle.dump({b"data": Path("x"), b"labels": [0]}, f)
+    with pytest.raises(ValueError, match="refers to pathlib"):
+        load_cifar10(folder)

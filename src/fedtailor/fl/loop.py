@@ -35,6 +35,7 @@ from fedtailor.fl.records import (
     TrainingDiverged,
     check_metrics,
 )
+from fedtailor.safeload import UnsafeGlobal, vetted_globals
 
 log = logging.getLogger(__name__)
 
@@ -134,44 +135,17 @@ class RunInterrupted(Exception):
         self.run_dir: Path | None = None  # set by the runner when there is a checkpoint to resume from
 
 
-# What a checkpoint may name besides tensors: fedtailor's own state dataclasses (checked one by one), these
-# builtins, and numpy's array reconstruction. Anything else means the file did not come from fedtailor.
-_SAFE_BUILTINS = {"builtins.set", "builtins.frozenset", "collections.OrderedDict"}
-_SAFE_FEDTAILOR = {"fedtailor.privacy.ledger.PrivacyLedger"}  # state classes that are not dataclasses
-_SAFE_NUMPY = {"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
-               "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"}
-
-
 def _checkpoint_globals(path: Path) -> list[Any]:
-    """The classes a checkpoint's pickle names, each vetted: a fedtailor state class, a safe builtin or numpy's
-    array machinery (``numpy.dtypes.*DType`` included). Anything else (a function, ``os.system``) is refused
-    before unpickling, so a checkpoint from an untrusted source cannot run code (``torch.load`` runs with
-    ``weights_only=True`` on these alone)."""
-    import dataclasses
-    import importlib
-
-    from torch.serialization import get_unsafe_globals_in_checkpoint
-
-    allowed = []
-    for name in get_unsafe_globals_in_checkpoint(path):
-        module, _, attr = name.rpartition(".")
-        trusted = (name in _SAFE_BUILTINS or name in _SAFE_NUMPY or module == "numpy.dtypes"
-                   or module == "fedtailor" or module.startswith("fedtailor."))
-        obj = None
-        if trusted:
-            try:
-                obj = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError):
-                obj = None
-        if module.startswith("fedtailor") and not (isinstance(obj, type) and (dataclasses.is_dataclass(obj)
-                                                                           or name in _SAFE_FEDTAILOR)):
-            obj = None  # of fedtailor's own names only its state classes are data
-        if obj is None:
-            raise CheckpointError(f"checkpoint {path} refers to {name!r}, which no fedtailor checkpoint holds; it "
-                                  "was not written by fedtailor (or was altered) and is not loaded. Delete it to "
-                                  "restart the run from round 0, or start the run in a new directory with --out.")
-        allowed.append(obj)
-    return allowed
+    """The classes a checkpoint's pickle names, each vetted (:func:`fedtailor.safeload.vetted_globals`):
+    anything but fedtailor's state classes, safe builtins and numpy's array machinery is refused before
+    unpickling."""
+    try:
+        return vetted_globals(path)
+    except UnsafeGlobal as err:
+        raise CheckpointError(
+            f"checkpoint {path} refers to {err.name!r}, which no fedtailor checkpoint holds; it was not written "
+            "by fedtailor (or was altered) and is not loaded. Delete it to restart the run from round 0, or "
+            "start the run in a new directory with --out.") from None
 
 
 def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:

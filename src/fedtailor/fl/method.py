@@ -96,6 +96,10 @@ class Method(ABC, Generic[S, C]):
         """Per-client metrics on its evaluation records; must include ``num_examples``."""
 
     # ----- run-level extras ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release what the method holds outside its states (a temporary file of a round that did not finish);
+        the runner calls it however a run ends, error or Ctrl-C included. The default holds nothing."""
+
     def summary(self, server: S) -> dict[str, Any]:
         """Method-specific facts for the run's results (e.g. eps and sigma); JSON-serialisable."""
         return {}

@@ -2,7 +2,9 @@
 
 Arrays travel in an ``ArrayRecord`` named ``"arrays"`` (torch tensors with their dtype and shape), config
 values in a ``ConfigRecord`` named ``"config"`` (int, float, str, bool and bytes as they are). A client's
-persistent state is kept in its node's ``context.state`` as bytes (``torch.save`` of the state object)."""
+persistent state is kept in its node's ``context.state`` as bytes (``torch.save`` of the state object), read
+back with ``weights_only=True`` on tensors and fedtailor's state classes alone (:mod:`fedtailor.safeload`):
+state bytes that name anything else (``os.system``, a function) are refused before unpickling."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedtailor.fl.records import InvalidMessage, Message
+from fedtailor.safeload import UnsafeGlobal, load_state
 
 STATE_KEY = "fedtailor-client-state"
 
@@ -37,5 +40,17 @@ def state_to_bytes(state: Any) -> bytes:
     return buf.getvalue()
 
 
+class UnsafeClientState(ValueError):
+    """A node's stored client state names something that is not fedtailor state; it is not loaded."""
+
+
 def state_from_bytes(blob: bytes) -> Any:
-    return torch.load(io.BytesIO(blob), weights_only=False)  # written by this node itself, never by the server
+    """The client state :func:`state_to_bytes` wrote; :class:`UnsafeClientState` for bytes that would run code
+    (or name anything but tensors, fedtailor's state classes and plain data)."""
+    try:
+        return load_state(blob)
+    except UnsafeGlobal as err:
+        raise UnsafeClientState(
+            f"the client state in this node's context.state ({STATE_KEY!r}) refers to {err.name!r}, which no "
+            "fedtailor client state holds; it was not written by fedtailor (or was altered) and is not "
+            "loaded. Restart the SuperNode with a fresh state.") from None

@@ -56,15 +56,20 @@ def split_dialogues(chosen: str, rejected: str) -> PreferencePair:
     return PreferencePair(prompt=prompt, chosen=chosen[len(prompt):], rejected=rejected[len(prompt):])
 
 
-def shared_data_file(*parts: str) -> Path | None:
-    """A file of the data kept beside the project: ``$FEDTAILOR_DATA/...`` or ``shared/data/...`` beside the
-    repository or beside one of its parent folders (None if absent)."""
+def shared_data_roots() -> list[Path]:
+    """Where :func:`shared_data_file` looks, in order: ``$FEDTAILOR_DATA``, then ``shared/data`` beside the
+    repository and beside each of its parent folders."""
     import os
 
     roots = [Path(os.environ["FEDTAILOR_DATA"])] if "FEDTAILOR_DATA" in os.environ else []
     here = Path(__file__).resolve()
-    roots += [parent / "shared" / "data" for parent in here.parents[3:]]  # the repository's siblings, upwards
-    for root in roots:
+    return roots + [parent / "shared" / "data" for parent in here.parents[3:]]  # the repository, then upwards
+
+
+def shared_data_file(*parts: str) -> Path | None:
+    """A file of the data kept beside the project: ``$FEDTAILOR_DATA/...`` or ``shared/data/...`` beside the
+    repository or beside one of its parent folders (None if absent)."""
+    for root in shared_data_roots():
         if (root.joinpath(*parts)).is_file():
             return root.joinpath(*parts)
     return None

@@ -3,19 +3,24 @@ schedule. The image path is :func:`fedtailor.experiment.build_setup`; this one i
 
 ``data.dataset``: ``"hh-rlhf"`` (the harmless-base file kept beside the project, else the hub's
 ``Anthropic/hh-rlhf`` through ``datasets``), ``"hh-rlhf:<path>"`` (a ``.jsonl[.gz]`` of that format) or
-``"shp:<path>"`` (Stanford SHP rows).
+``"shp:<path>"`` (Stanford SHP rows). Without the local file and without the hub (offline: ``HF_HUB_OFFLINE``,
+or the hub not answering within a few seconds) the run stops at once with one line that names the local path,
+where to get the file and ``data.dataset`` to point at a copy.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedtailor.config import RunConfig
+from fedtailor.data.datasets import DatasetNotAvailable
 from fedtailor.device import select_device
 from fedtailor.fl.records import ClientData
 from fedtailor.fl.schedule import uniform_schedule
@@ -26,6 +31,7 @@ from fedtailor.lm.preference import (
     load_hh_rlhf,
     load_shp,
     shared_data_file,
+    shared_data_roots,
     tokenize_pairs,
 )
 
@@ -57,9 +63,60 @@ def load_pairs(name: str) -> PreferenceData:
     check_preference_name(name)
     if name == "hh-rlhf":
         path = shared_data_file(*HH_FILE)
-        return PreferenceData(name, load_hh_rlhf(path))  # None: the hub (needs a network)
+        return PreferenceData(name, load_hh_rlhf(path) if path is not None else _hh_rlhf_from_hub())
     kind, _, path = name.partition(":")
+    if not Path(path).is_file():
+        raise DatasetNotAvailable(
+            f"data.dataset {name!r}: {path} is not a file; give the path of a .jsonl or .jsonl.gz file of "
+            f"{'HH-RLHF' if kind == 'hh-rlhf' else 'SHP'} rows.")
     return PreferenceData(kind, load_hh_rlhf(path) if kind == "hh-rlhf" else load_shp(path))
+
+
+HUB_DATASET, HUB_TIMEOUT = "Anthropic/hh-rlhf", 5.0  # seconds to wait for the hub before calling it offline
+
+
+def _hh_rlhf_from_hub() -> list[PreferencePair]:
+    """The hub's HH-RLHF harmless-base test split, or one line naming the local file and how to get it when
+    the hub is offline, unreachable or fails (no 30 s of retries first)."""
+    local = shared_data_roots()[0].joinpath(*HH_FILE)
+
+    def missing(reason: str) -> DatasetNotAvailable:
+        return DatasetNotAvailable(
+            f"data.dataset 'hh-rlhf': no local copy at {local} and the hub's {HUB_DATASET} is unavailable "
+            f"({reason}). Put HH-RLHF's harmless-base test.jsonl.gz (hub dataset {HUB_DATASET}, file "
+            f"harmless-base/test.jsonl.gz) at {local} (or $FEDTAILOR_DATA/{'/'.join(HH_FILE)}), or point the "
+            "config at a copy: --set 'data.dataset=\"hh-rlhf:/path/to/test.jsonl.gz\"'.")
+
+    flags = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+             if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    if flags:
+        raise missing(f"{flags[0]} is set")
+    reason = _hub_unreachable()
+    if reason is not None:
+        raise missing(reason)
+    try:
+        return load_hh_rlhf(None)
+    except ImportError:
+        raise missing("the datasets package is not installed: pip install datasets") from None
+    except Exception as err:  # noqa: BLE001 - whatever the hub or datasets raise, the way out is the same
+        raise missing(f"{type(err).__name__}: {' '.join(str(err).split())[:120]}") from None
+
+
+def _hub_unreachable() -> str | None:
+    """None when the hub answers within :data:`HUB_TIMEOUT` seconds, else why not (one request, proxies of the
+    environment honoured, ``HF_ENDPOINT`` too)."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    try:
+        probe = urllib.request.Request(f"{endpoint}/api/datasets/{HUB_DATASET}", method="HEAD")
+        urllib.request.urlopen(probe, timeout=HUB_TIMEOUT).close()
+    except urllib.error.HTTPError:
+        return None  # the hub answered (its answer is for datasets to interpret)
+    except (OSError, ValueError) as err:  # URLError, a timeout, a refused connection, a bad HF_ENDPOINT
+        return f"{endpoint} did not answer: {getattr(err, 'reason', err)}"
+    return None
 
 
 def build_preference_setup(cfg: RunConfig) -> PreferenceSetup:

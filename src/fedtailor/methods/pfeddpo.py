@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,7 @@ class _Fold:
 class PFedDPO(Method[DPOServer, DPOClient]):
     name = "pfeddpo"
     streaming = True
+    _spill_cleanup: weakref.finalize | None = None  # removes the open round's spill folder (spill_sum)
 
     def __init__(
         self,
@@ -270,8 +272,9 @@ class PFedDPO(Method[DPOServer, DPOClient]):
     def fold_fit(self, server: DPOServer, rnd: int, acc: _Fold | None, cid: int, reply: Message) -> _Fold:
         w = float(reply.config["num_examples"])
         if acc is None:
-            spill = Path(tempfile.mkdtemp(prefix="fedtailor-sum-")) / "sum.safetensors" if self.spill_sum else None
-            acc = _Fold(total={}, spill=spill)
+            self.close()  # a round abandoned between folds (an error, Ctrl-C) leaves no folder behind
+            acc = _Fold(total={})
+            acc.spill = self._spill_file(acc) if self.spill_sum else None
         if not acc.total:  # the first fold, or the sum is on disk
             acc.total = (_read_sum(acc.spill, self.device) if acc.spill is not None and acc.spill.exists() else
                          {n: torch.zeros_like(server.base[n]) for n in self.base_names})
@@ -301,10 +304,25 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         if acc.spill is not None:
             acc.total = _read_sum(acc.spill, self.device)
             shutil.rmtree(acc.spill.parent, ignore_errors=True)
+            self.close()
         base = {n: t / acc.weight for n, t in acc.total.items()}
         metrics = {"loss": acc.loss / acc.weight, "base_grad_norm": acc.grad_norm / acc.weight}
         metrics.update(_kappa(acc.diag))
         return DPOServer(base=base, round=rnd, pool=server.pool), metrics
+
+    def _spill_file(self, owner: _Fold) -> Path:
+        """The file of a round's spilled sum, in a fresh temporary folder that is removed on every exit: when
+        the round finishes, when the next round starts or the method is closed (the runner closes it however
+        the run ends), when ``owner`` (the round's accumulator) is dropped, and at interpreter exit."""
+        folder = Path(tempfile.mkdtemp(prefix="fedtailor-sum-"))
+        self._spill_cleanup = weakref.finalize(owner, shutil.rmtree, str(folder), True)
+        return folder / "sum.safetensors"
+
+    def close(self) -> None:
+        """Remove the spill folder of a round that did not finish (spill_sum); nothing else to release."""
+        if self._spill_cleanup is not None:
+            self._spill_cleanup()  # a finalizer runs once: later calls do nothing
+            self._spill_cleanup = None
 
     # ----- evaluation -----------------------------------------------------------------------------------
     def configure_evaluate(self, server: DPOServer, cid: int) -> Message:

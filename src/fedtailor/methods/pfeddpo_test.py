@@ -136,3 +136,39 @@ def test_a_spilled_running_sum_gives_the_same_bases_bit_for_bit_and_leaves_no_fi
         assert torch.equal(t, spilled.state.server.base[n]), n
     assert len(written) == 6 and all(tmp_path in p.parents for p in written)  # 2 rounds x 3 folds, on disk
     assert not list(tmp_path.iterdir())  # the round's sum file and folder were removed
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("boom"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_a_round_cut_short_between_folds_leaves_no_spill_folder(tmp_path, monkeypatch, failure):
+    """An error or Ctrl-C in a client's training after the round's sum was spilled: the run stops and the
+    temporary folder is gone (the runner closes the method however the run ends)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from fedtailor import runner
+    from fedtailor.config import load_config
+    from fedtailor.fl.loop import RunInterrupted
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    method, spilled = _method(spill_sum=True), []
+    real = method.client_fit
+
+    def fit(msg, state, data):
+        if int(msg.config["round"]) == 2 and data.cid == 1:  # client 0's base is folded in and on disk
+            spilled.extend(p for d in temp.iterdir() for p in d.iterdir())
+            raise failure
+        return real(msg, state, data)
+
+    monkeypatch.setattr(method, "client_fit", fit)
+    setup = SimpleNamespace(clients=_clients(), schedule=np.tile(np.arange(3), (2, 1)))
+    monkeypatch.setattr(runner, "build_setup", lambda cfg: setup)
+    monkeypatch.setattr(runner, "build_method", lambda s: method)
+    cfg = load_config(None, ['method.name="pfeddpo"', "data.num_clients=3", "data.num_unseen=0",
+                             "federation.rounds=2", "federation.clients_per_round=3",
+                             "method.spill_sum=true"])
+    with pytest.raises((RuntimeError, RunInterrupted)):
+        runner.run_experiment(cfg, tmp_path / "run", progress=False)
+    assert [p.name for p in spilled] == ["sum.safetensors"]
+    assert not list(temp.iterdir())  # the folder of the spilled sum is removed, not left for the OS
