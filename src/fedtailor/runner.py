@@ -20,7 +20,6 @@ from typing import Any
 from fedtailor.config import RunConfig, dump_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import RunInterrupted, load_checkpoint, run_federated, summarize
-from fedtailor.fl.records import check_diverged, diverged_keys
 
 log = logging.getLogger(__name__)
 
@@ -176,11 +175,7 @@ def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, h
     tmp.write_text("".join(json.dumps(_jsonable(r), allow_nan=False) + "\n" for r in history))
     os.replace(tmp, metrics_path)
 
-    def on_round(record: dict[str, Any]) -> None:
-        # a finite loss past LOSS_LIMIT is divergence too (the loop itself stops on non-finite values)
-        bad = diverged_keys(record)
-        phase = "evaluation" if bad and all("/" in k for k in bad) else "training"
-        check_diverged(record, int(record["round"]), phase)
+    def on_round(record: dict[str, Any]) -> None:  # the loop has checked it (fl.records.check_diverged)
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
 
@@ -188,7 +183,6 @@ def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, h
         method, setup.clients, setup.schedule, eval_every=cfg.federation.eval_every, checkpoint=out / "checkpoint.pt",
         checkpoint_every=cfg.federation.checkpoint_every, on_round=on_round, progress=progress, stop_after=stop_after,
     )
-    check_diverged(summarize(result.evaluation, setup.clients), result.state.round, "the final evaluation")
     return result
 
 

@@ -32,7 +32,7 @@ from fedtailor.fl.records import (
     Message,
     Metrics,
     RoundRejected,
-    TrainingDiverged,
+    check_diverged,
     check_metrics,
 )
 from fedtailor.safeload import UnsafeGlobal, vetted_globals
@@ -84,18 +84,19 @@ def evaluate_clients(method: Method, state: LoopState, clients: Mapping[int, Cli
     for cid in sorted(c for c in clients if clients[c].eval is not None):
         msg = method.configure_evaluate(state.server, cid)
         replies[cid] = method.client_evaluate(msg, state.clients.get(cid, method.init_client(cid)), clients[cid])
-    return accept_evaluation(replies, asked=set(replies))
+    return accept_evaluation(replies, asked=set(replies), finite=False)  # non-finite: divergence, reported
 
 
-def accept_evaluation(replies: Mapping[Any, Any], *, asked: set[int]) -> dict[int, Metrics]:
-    """The evaluation replies the server uses: from a client that was asked, each a dict of finite metrics with
-    a positive ``num_examples`` (:func:`~fedtailor.fl.records.check_metrics`); any other is dropped and logged."""
+def accept_evaluation(replies: Mapping[Any, Any], *, asked: set[int], finite: bool = True) -> dict[int, Metrics]:
+    """The evaluation replies the server uses: from a client that was asked, each a dict of numeric metrics
+    (finite unless ``finite`` is False) with a positive ``num_examples``
+    (:func:`~fedtailor.fl.records.check_metrics`); any other is dropped and logged."""
     out = {}
     for cid, metrics in replies.items():
         try:
             if isinstance(cid, bool) or not isinstance(cid, int) or cid not in asked:
                 raise InvalidMessage(f"client {cid!r} was not asked for an evaluation.")
-            out[cid] = check_metrics(metrics)
+            out[cid] = check_metrics(metrics, finite=finite)
         except InvalidMessage as err:
             log.warning("rejected evaluation reply of client %r: %s", cid, err)
     return out
@@ -253,11 +254,11 @@ def run_federated(
     try:
         for rnd in range(state.round + 1, last + 1):
             record = _fit_round(method, state, clients, rnd, schedule[rnd - 1])
-            _check_finite(record, rnd, "training")
+            check_diverged(record, rnd, "training")
             if eval_every and (rnd % eval_every == 0 or rnd == rounds):
                 evaluation = evaluate_clients(method, state, clients)
                 record.update(summarize(evaluation, clients))
-                _check_finite(record, rnd, "evaluation")
+                check_diverged(record, rnd, "evaluation")
                 final = evaluation if rnd == last else None
             state.round = rnd
             state.history.append(record)
@@ -274,14 +275,8 @@ def run_federated(
     finally:
         bar.close()
     evaluation = final if final is not None else evaluate_clients(method, state, clients)
-    _check_finite(summarize(evaluation, clients), state.round, "evaluation")
+    check_diverged(summarize(evaluation, clients), state.round, "the final evaluation")
     return RunResult(state=state, evaluation=evaluation)
-
-
-def _check_finite(record: Mapping[str, Any], rnd: int, phase: str) -> None:
-    bad = sorted(k for k, v in record.items() if isinstance(v, float) and not np.isfinite(v))
-    if bad:
-        raise TrainingDiverged(f"round {rnd}: {phase} gave non-finite {', '.join(bad)}")
 
 
 def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:

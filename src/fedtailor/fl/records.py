@@ -140,16 +140,19 @@ class Message:
         return v
 
 
-def check_metrics(metrics: object) -> Metrics:
-    """An evaluation reply as the server may use it: a dict of metric names to finite numbers that includes a
-    positive ``num_examples``. Raises InvalidMessage."""
+def check_metrics(metrics: object, *, finite: bool = True) -> Metrics:
+    """An evaluation reply as the server may use it: a dict of metric names to numbers (finite ones unless
+    ``finite`` is False: the run's own clients, whose non-finite metrics mean divergence, which the driver then
+    reports) that includes a positive ``num_examples``. Raises InvalidMessage."""
     if not isinstance(metrics, dict) or not metrics:
         raise InvalidMessage(f"an evaluation reply must be a dict of metrics, got {type(metrics).__name__}.")
     out: Metrics = {}
     for k, v in metrics.items():
-        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InvalidMessage(f"evaluation metric {k!r} must be a finite number, got {v!r}.")
-        if abs(v) > MAX_MAGNITUDE:
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InvalidMessage(f"evaluation metric {k!r} must be a number, got {v!r}.")
+        if finite and not math.isfinite(v):
+            raise InvalidMessage(f"evaluation metric {k!r} must be finite, got {v!r}.")
+        if finite and abs(v) > MAX_MAGNITUDE:
             raise InvalidMessage(f"evaluation metric {k!r} = {v!r} is beyond {MAX_MAGNITUDE:.3g} in magnitude.")
         out[k] = float(v)
     if out.get("num_examples", 0.0) <= 0:

@@ -123,6 +123,7 @@ def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, A
     asked, any failure while checking it a rejection of that reply); clients that did not answer are recorded per
     round as ``lost``; a round whose every reply was rejected stops the run with the reasons."""
     from fedtailor.fl.loop import LoopState, Verdicts, accept, accept_evaluation
+    from fedtailor.fl.records import check_diverged
 
     state = LoopState(round=0, server=method.init_server())
 
@@ -150,6 +151,7 @@ def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, A
         if replies:
             state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
             record.update(metrics)
+        check_diverged(record, rnd, "training")
         history.append(record)
         log.info("round %d/%d: %s", rnd, len(setup.schedule), record)
         state.round = rnd
