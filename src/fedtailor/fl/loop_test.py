@@ -135,7 +135,7 @@ def test_a_client_weight_is_capped_by_what_the_server_knows_and_updates_can_be_b
     claim = lambda n: Message(arrays=reply.arrays, config={**reply.config, "num_examples": n})
     for n in (sizes[cid], 1):
         plain.validate_reply(server, "fit", 1, cid, claim(n))
-    with pytest.raises(InvalidMessage, match="partition size"):
+    with pytest.raises(InvalidMessage, match="number of records"):
         plain.validate_reply(server, "fit", 1, cid, claim(sizes[cid] + 1))
     with pytest.raises(InvalidMessage, match="not a client"):
         plain.validate_reply(server, "fit", 1, max(sizes) + 1, reply)

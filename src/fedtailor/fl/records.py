@@ -140,6 +140,19 @@ class Message:
         return v
 
 
+def check_weight(reply: Message, cid: int, sizes: dict[int, int] | None) -> int:
+    """A reply's ``num_examples`` as an aggregation weight: a positive int, at most the client's number of
+    training records when the server knows them (``sizes``: the partition, public to the server), so that no
+    reply can claim more weight than its client holds. Raises InvalidMessage."""
+    n = reply.value("num_examples", int)
+    cap = None if sizes is None else sizes.get(cid)
+    if sizes is not None and cap is None:
+        raise InvalidMessage(f"client {cid} is not a client of this run.")
+    if n <= 0 or (cap is not None and n > cap):
+        raise InvalidMessage(f"num_examples must lie in [1, {cap}] (the client's number of records), got {n}.")
+    return n
+
+
 def check_metrics(metrics: object, *, finite: bool = True) -> Metrics:
     """An evaluation reply as the server may use it: a dict of metric names to numbers (finite ones unless
     ``finite`` is False: the run's own clients, whose non-finite metrics mean divergence, which the driver then

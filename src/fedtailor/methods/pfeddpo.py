@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.lm.training import dpo_on, evaluate_pairs, reference_logprobs
 from fedtailor.rng import derive_seed, torch_generator
 
@@ -171,7 +171,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             reply.array(n, shape=tuple(server.base[n].shape), dtype=server.base[n].dtype)
         for k, shape in diag.items():  # asked for in this round: exactly these
             reply.array(DIAG + k, shape=shape, dtype=torch.float32)
-        self.check_weight(reply, cid)
+        check_weight(reply, cid, self.train_sizes)
         reply.value("loss", float)
         reply.value("base_grad_norm", float)
 
@@ -179,17 +179,6 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         """The diagnostic arrays a client sends in a diagnosed round, by name, with their shapes."""
         n = sum(self.params[name].numel() for name in self.base_names)
         return {"grad_off": (n,), "grad_on": (n,), **({"adapter_sq": (1,)} if self.adapter_names else {})}
-
-    def check_weight(self, reply: Message, cid: int) -> int:
-        """A reply's ``num_examples``: positive, and at most the client's number of training pairs when the
-        server knows it."""
-        n = reply.value("num_examples", int)
-        cap = None if self.train_sizes is None else self.train_sizes.get(cid)
-        if self.train_sizes is not None and cap is None:
-            raise InvalidMessage(f"client {cid} is not a client of this run.")
-        if n <= 0 or (cap is not None and n > cap):
-            raise InvalidMessage(f"num_examples must lie in [1, {cap}] (the client's pairs), got {n}.")
-        return n
 
     # ----- a round --------------------------------------------------------------------------------------
     def configure_fit(self, server: DPOServer, rnd: int, cid: int) -> Message:
@@ -385,7 +374,7 @@ class CentralizedDPO(PFedDPO):
                     raise InvalidMessage(f"pool/{k} holds values outside [0, {top}).")
             return
         reply.only(config={"num_examples"})
-        self.check_weight(reply, cid)
+        check_weight(reply, cid, self.train_sizes)
 
     def aggregate_setup(self, server: DPOServer, replies: dict[int, Message]) -> DPOServer:
         widths = {r.arrays[f"pool/{POOL_TOKENS[0]}"].shape[-1] for r in replies.values()}

@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged
+from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
 from fedtailor.rng import torch_generator
 
@@ -178,12 +178,7 @@ class LocalTraining(Method[SharedState, PersonalState]):
         reply.only(arrays=set(expected), config={"num_examples", "loss"})
         for n in expected:
             reply.array(n, shape=tuple(self.theta0[n].shape), dtype=self.theta0[n].dtype)
-        n_i = reply.value("num_examples", int)
-        cap = None if self.train_sizes is None else self.train_sizes.get(cid)
-        if self.train_sizes is not None and cap is None:
-            raise InvalidMessage(f"client {cid} is not a client of this run.")
-        if n_i <= 0 or (cap is not None and n_i > cap):
-            raise InvalidMessage(f"num_examples must lie in [1, {cap}] (the client's partition size), got {n_i}.")
+        check_weight(reply, cid, self.train_sizes)
         reply.value("loss", float)
         if self.update_bound is not None and self.update_bound_mode == "reject":
             norm = self._update_norm(server, reply)
