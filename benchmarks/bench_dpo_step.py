@@ -72,7 +72,7 @@ def time_steps(model, tokens, ref, *, steps: int, precision: str, naive_ref=None
 
 def round_time(n: int, *, diagnostics: bool, threads: int, precision: str, spill: bool = False) -> dict[str, float]:
     """One pFedDPO round (setup excluded) of n clients x 3 steps; run in-process."""
-    from fedtailor.fl.loop import _fit_round, start
+    from fedtailor.fl.loop import InProcess, _fit_round, start
     from fedtailor.methods.pfeddpo import PFedDPO
 
     torch.set_num_threads(threads)
@@ -85,7 +85,7 @@ def round_time(n: int, *, diagnostics: bool, threads: int, precision: str, spill
     import numpy as np
 
     t0 = time.perf_counter()
-    record = _fit_round(method, state, clients, 1, np.arange(n))
+    record = _fit_round(method, state, InProcess(method, clients, state.clients), 1, np.arange(n))
     return {"seconds": time.perf_counter() - t0, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             **{k: v for k, v in record.items() if k.startswith("kappa")}}
 

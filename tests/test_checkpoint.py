@@ -9,7 +9,8 @@ import pytest
 import torch
 from test_flower import FLOWER_PATHS
 
-from fedtailor.fl.loop import CheckpointError, load_checkpoint, run_federated
+from fedtailor.fl.checkpoint import CheckpointError, load_checkpoint
+from fedtailor.fl.loop import run_federated
 
 # every registered image method (each base with FedLAG; compact with LRSUQ and its ledger), 4 rounds
 RESUMED = {name: [*sets, "federation.rounds=4"] for name, sets in FLOWER_PATHS.items() if "no FedLAG" not in name}

@@ -14,12 +14,14 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fedtailor.config import RunConfig, dump_config
 from fedtailor.experiment import build_method, build_setup
-from fedtailor.fl.loop import RunInterrupted, load_checkpoint, run_federated, summarize
+from fedtailor.fl.checkpoint import load_checkpoint
+from fedtailor.fl.loop import RunInterrupted, Transport, run_federated, summarize
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,8 @@ def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
 
 def run_experiment(
     cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False, progress: bool = True,
-    stop_after: int | None = None,
+    stop_after: int | None = None, built: tuple[Any, Any] | None = None, transport: Transport | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """Run ``cfg``; returns the run directory. With ``resume`` an interrupted run continues from its
     checkpoint and ends with the same results as an uninterrupted one.
@@ -134,6 +137,10 @@ def run_experiment(
     checked first, and a run that fails before its first checkpoint removes the directory this call created.
     A diverging run (a non-finite value, or a loss above :data:`~fedtailor.fl.records.LOSS_LIMIT`) raises
     :class:`~fedtailor.fl.records.TrainingDiverged` and writes no results; an interrupt raises :class:`~fedtailor.fl.loop.RunInterrupted` naming the last checkpoint.
+
+    ``built``: the (setup, method) of ``cfg`` when the caller has them already; ``transport``: where the clients
+    run (default: in this process; the Flower ServerApp passes its nodes); ``on_round``: called with each
+    round's record after it is written.
     """
     out = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
     ckpt = out / "checkpoint.pt"
@@ -141,8 +148,10 @@ def run_experiment(
     create = _check_out(out, cfg_text, resume=resume, defaults=_defaults_of(cfg), given=run_dir is not None)
 
     t0 = time.perf_counter()
-    setup = build_setup(cfg)
-    method = build_method(setup)
+    if built is None:
+        setup = build_setup(cfg)
+        built = (setup, build_method(setup))
+    setup, method = built
     history: list[dict[str, Any]] = []
     if ckpt.exists():  # read and check it before touching anything
         history = load_checkpoint(ckpt, setup.schedule).history
@@ -151,7 +160,8 @@ def run_experiment(
     except OSError as err:
         raise ValueError(f"cannot create the run directory {out}: {err.strerror or err}; choose another --out.") from None
     try:
-        result = _run_in(out, cfg, cfg_text, setup, method, history, progress=progress, stop_after=stop_after)
+        result = _run_in(out, cfg, cfg_text, setup, method, history, progress=progress, stop_after=stop_after,
+                         transport=transport, on_round=on_round)
     except BaseException as err:
         if create and not ckpt.exists():  # nothing to resume: leave no directory behind
             shutil.rmtree(out, ignore_errors=True)
@@ -167,7 +177,8 @@ def run_experiment(
 
 
 def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, history: list[dict[str, Any]], *,
-            progress: bool, stop_after: int | None) -> Any:
+            progress: bool, stop_after: int | None, transport: Transport | None,
+            on_round: Callable[[dict[str, Any]], None] | None) -> Any:
     (out / "config.json").write_text(cfg_text)
     metrics_path = out / "metrics.jsonl"
     # metrics.jsonl mirrors the loop's history: rewritten from the checkpoint's (atomically), then appended
@@ -175,13 +186,16 @@ def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, h
     tmp.write_text("".join(json.dumps(_jsonable(r), allow_nan=False) + "\n" for r in history))
     os.replace(tmp, metrics_path)
 
-    def on_round(record: dict[str, Any]) -> None:  # the loop has checked it (fl.records.check_diverged)
+    def written(record: dict[str, Any]) -> None:  # the driver has checked it (fl.records.check_diverged)
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
+        if on_round is not None:
+            on_round(record)
 
     result = run_federated(
         method, setup.clients, setup.schedule, eval_every=cfg.federation.eval_every, checkpoint=out / "checkpoint.pt",
-        checkpoint_every=cfg.federation.checkpoint_every, on_round=on_round, progress=progress, stop_after=stop_after,
+        checkpoint_every=cfg.federation.checkpoint_every, on_round=written, progress=progress, stop_after=stop_after,
+        transport=transport,
     )
     return result
 

@@ -1,9 +1,13 @@
-"""The in-process federated loop: one driver for every :class:`~fedtailor.fl.method.Method`.
+"""The federation driver: one server loop for every :class:`~fedtailor.fl.method.Method` and every transport.
 
-Round ``t`` (1-based) sends ``configure_fit`` messages to the clients ``schedule[t-1]``, runs their
-``client_fit`` with their persistent state, validates the replies (a rejected reply is dropped, logged and
-counted; the server state is untouched), and aggregates. Every ``eval_every`` rounds and at the end, every
-client is evaluated (per-client metrics; the summary averages within a client first, then over clients).
+Round ``t`` (1-based) sends ``configure_fit`` messages to the clients ``schedule[t-1]`` through a
+:class:`Transport`, checks each reply as it arrives (:func:`accept`: a rejected reply is dropped, logged and
+counted; the server state is untouched), folds it in (``fold_fit``) and makes the new server state
+(``finish_fit``). Every ``eval_every`` rounds and at the end, every client is evaluated (per-client metrics; the
+summary averages within a client first, then over clients). The transport is the only thing that differs
+between running the clients in this process (:class:`InProcess`, the default) and on Flower nodes
+(``fedtailor.flower.apps``): the setup phase, the checks, the finite checks, ``eval_every``, the round records
+(who was lost, who was rejected), checkpoints and resumption are written once, here.
 
 Randomness comes from explicit keys (round, client), never from a running generator, so a run resumed from a
 checkpoint reproduces the uninterrupted run exactly.
@@ -11,19 +15,17 @@ checkpoint reproduces the uninterrupted run exactly.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
+from fedtailor.fl.checkpoint import LoopState, load_checkpoint, save_checkpoint
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import (
     Abstained,
@@ -35,21 +37,10 @@ from fedtailor.fl.records import (
     check_diverged,
     check_metrics,
 )
-from fedtailor.safeload import UnsafeGlobal, vetted_globals
 
 log = logging.getLogger(__name__)
 
 RoundCallback = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class LoopState:
-    """Everything needed to continue a run: what a checkpoint holds."""
-
-    round: int
-    server: Any
-    clients: dict[int, Any] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -77,14 +68,79 @@ def summarize(evaluation: Mapping[int, Metrics], clients: Mapping[int, ClientDat
     return out
 
 
-def evaluate_clients(method: Method, state: LoopState, clients: Mapping[int, ClientData]) -> dict[int, Metrics]:
-    """Run the evaluate phase on every client that has evaluation data (their persistent state is read, not
-    changed)."""
-    replies = {}
-    for cid in sorted(c for c in clients if clients[c].eval is not None):
-        msg = method.configure_evaluate(state.server, cid)
-        replies[cid] = method.client_evaluate(msg, state.clients.get(cid, method.init_client(cid)), clients[cid])
-    return accept_evaluation(replies, asked=set(replies), finite=False)  # non-finite: divergence, reported
+class Transport(Protocol):
+    """How the server's messages reach the clients and their replies come back.
+
+    ``exchange(kind, msgs)`` sends ``msgs`` (client id -> message; ``kind`` is ``"setup"``, ``"fit"`` or
+    ``"evaluate"``) and yields ``(client id, reply)`` as the replies come; a client that does not answer is
+    absent (``lost``). A transport may yield a fit reply before the next client runs, so that the driver folds
+    it in first (streaming methods). ``trusted``: the replies come from this run's own client code (in
+    process), so a non-finite evaluation means divergence; from a remote node it is refused. ``states()``: the
+    client states a checkpoint keeps (empty when they live on the nodes), ``restore`` sets them on resume."""
+
+    trusted: bool
+
+    def exchange(self, kind: str, msgs: dict[int, Message]) -> Iterator[tuple[int, Any]]: ...
+
+    def states(self) -> dict[int, Any]: ...
+
+    def restore(self, states: dict[int, Any]) -> None: ...
+
+
+class InProcess:
+    """The clients in this process: each client's half of the method runs on its own records, with its
+    persistent state kept here (and in checkpoints). Fit replies of a streaming method are yielded one client at
+    a time, before the next client runs; the others run a round's clients together (``client_fit_many``)."""
+
+    trusted = True
+
+    def __init__(self, method: Method, clients: Mapping[int, ClientData],
+                 states: dict[int, Any] | None = None) -> None:
+        self.method, self.clients = method, clients
+        self.client_states: dict[int, Any] = {} if states is None else states
+
+    def states(self) -> dict[int, Any]:
+        return self.client_states
+
+    def restore(self, states: dict[int, Any]) -> None:
+        self.client_states.clear()
+        self.client_states.update(states)
+
+    def _state(self, cid: int) -> Any:
+        return self.client_states[cid] if cid in self.client_states else self.method.init_client(cid)
+
+    def exchange(self, kind: str, msgs: dict[int, Message]) -> Iterator[tuple[int, Any]]:
+        m, data = self.method, self.clients
+        if kind == "setup":
+            for cid, msg in msgs.items():
+                reply, self.client_states[cid] = m.client_setup(msg, m.init_client(cid), data[cid])
+                yield cid, reply
+        elif kind == "evaluate":
+            for cid, msg in msgs.items():
+                yield cid, m.client_evaluate(msg, self._state(cid), data[cid])
+        elif kind == "fit" and m.streaming:  # one client at a time: its reply is folded before the next runs
+            for cid, msg in msgs.items():
+                reply, self.client_states[cid] = m.client_fit(msg, self._state(cid), data[cid])
+                yield cid, reply
+                del reply
+        elif kind == "fit":
+            results = m.client_fit_many(msgs, {cid: self._state(cid) for cid in msgs}, {cid: data[cid] for cid in msgs})
+            for cid in msgs:
+                reply, self.client_states[cid] = results[cid]  # the client keeps its own state
+                yield cid, reply
+        else:
+            raise ValueError(f"unknown message kind {kind!r}.")
+
+
+def evaluate_clients(method: Method, state: LoopState, clients: Mapping[int, ClientData],
+                     transport: Transport | None = None) -> dict[int, Metrics]:
+    """The evaluate phase on every client that has evaluation data (their persistent state is read, not
+    changed); replies are type-checked (:func:`accept_evaluation`)."""
+    transport = transport or InProcess(method, clients, state.clients)
+    asked = [c for c in sorted(clients) if clients[c].eval is not None]
+    msgs = {cid: method.configure_evaluate(state.server, cid) for cid in asked}
+    # in process a non-finite metric is divergence, which the driver reports; a node's is refused
+    return accept_evaluation(dict(transport.exchange("evaluate", msgs)), asked=set(asked), finite=not transport.trusted)
 
 
 def accept_evaluation(replies: Mapping[Any, Any], *, asked: set[int], finite: bool = True) -> dict[int, Metrics]:
@@ -102,31 +158,6 @@ def accept_evaluation(replies: Mapping[Any, Any], *, asked: set[int], finite: bo
     return out
 
 
-def _schedule_digest(schedule: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(schedule, dtype=np.int64).tobytes()).hexdigest()[:16]
-
-
-def save_checkpoint(path: Path, state: LoopState, schedule: np.ndarray) -> None:
-    """Atomically write the loop state (temp file + rename: a crash mid-write never corrupts the last one)."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open_private(tmp) as f:  # it may hold decoding keys (docs/privacy.md): owner-only
-        torch.save({"format": 1, "schedule": _schedule_digest(schedule), "state": state}, f)
-    os.replace(tmp, path)
-
-
-def open_private(path: Path):
-    """``path`` opened for writing with mode 0600 from its creation (files that hold keys: checkpoints, the
-    Flower server state); an existing file is truncated and set to 0600."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, "wb")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not belong to this run."""
-
-
 class RunInterrupted(Exception):
     """Ctrl-C during a run; ``checkpoint_round`` is where ``--resume`` continues from (0: from the start)."""
 
@@ -134,46 +165,6 @@ class RunInterrupted(Exception):
         super().__init__(f"interrupted during round {round}")
         self.round, self.checkpoint_round = round, checkpoint_round
         self.run_dir: Path | None = None  # set by the runner when there is a checkpoint to resume from
-
-
-def _checkpoint_globals(path: Path) -> list[Any]:
-    """The classes a checkpoint's pickle names, each vetted (:func:`fedtailor.safeload.vetted_globals`):
-    anything but fedtailor's state classes, safe builtins and numpy's array machinery is refused before
-    unpickling."""
-    try:
-        return vetted_globals(path)
-    except UnsafeGlobal as err:
-        raise CheckpointError(
-            f"checkpoint {path} refers to {err.name!r}, which no fedtailor checkpoint holds; it was not written "
-            "by fedtailor (or was altered) and is not loaded. Delete it to restart the run from round 0, or "
-            "start the run in a new directory with --out.") from None
-
-
-def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:
-    """Read and check a checkpoint; a truncated, empty or foreign file is a :class:`CheckpointError`. Only
-    tensors and fedtailor's state classes are unpickled (``weights_only=True``): a crafted file cannot run code."""
-    path = Path(path)
-    try:
-        allowed = _checkpoint_globals(path)
-        with torch.serialization.safe_globals(allowed):
-            blob = torch.load(path, weights_only=True)  # tensors return to the device they were saved from
-    except CheckpointError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any failure to unpickle means the same thing to the user
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err)[:80]}); it is damaged or not a "
-            "fedtailor checkpoint. Delete it to restart the run from round 0 (the run directory is otherwise "
-            "kept), or start the run in a new directory with --out."
-        ) from None
-    if not isinstance(blob, dict) or not isinstance(blob.get("state"), LoopState):
-        raise CheckpointError(f"checkpoint {path} does not hold a fedtailor loop state; delete it to restart the "
-                              "run from round 0, or start the run in a new directory with --out.")
-    if blob.get("format") != 1 or blob.get("schedule") != _schedule_digest(schedule):
-        raise CheckpointError(
-            f"checkpoint {path} was written for a different schedule or format; "
-            "resume with the same config and seed, or start a fresh run directory."
-        )
-    return blob["state"]
 
 
 @dataclass
@@ -224,8 +215,11 @@ def run_federated(
     on_round: RoundCallback | None = None,
     progress: bool = True,
     stop_after: int | None = None,
+    transport: Transport | None = None,
 ) -> RunResult:
-    """Drive ``method`` over ``schedule`` (shape (rounds, per_round) of client ids).
+    """Drive ``method`` over ``schedule`` (shape (rounds, per_round) of client ids) through ``transport``
+    (default: :class:`InProcess` on ``clients``; the server reads of ``clients`` only who is seen and who has
+    evaluation records).
 
     ``checkpoint``: a file; if it exists the run resumes from it, and it is rewritten every
     ``checkpoint_every`` rounds and at the end. ``on_round`` receives each round's metrics record.
@@ -238,11 +232,13 @@ def run_federated(
     if unknown:
         raise ValueError(f"schedule names clients without data: {sorted(unknown)[:10]}.")
     ckpt = Path(checkpoint) if checkpoint is not None else None
+    transport = transport or InProcess(method, clients)
     if ckpt is not None and ckpt.exists():
         state = load_checkpoint(ckpt, schedule)
+        transport.restore(state.clients)
         log.info("resumed from %s at round %d", ckpt, state.round)
     else:
-        state = start(method, clients)
+        state = start(method, clients, transport)
 
     rounds = schedule.shape[0]
     last = rounds if stop_after is None else min(rounds, stop_after)
@@ -253,10 +249,10 @@ def run_federated(
     rnd = state.round
     try:
         for rnd in range(state.round + 1, last + 1):
-            record = _fit_round(method, state, clients, rnd, schedule[rnd - 1])
+            record = _fit_round(method, state, transport, rnd, schedule[rnd - 1])
             check_diverged(record, rnd, "training")
             if eval_every and (rnd % eval_every == 0 or rnd == rounds):
-                evaluation = evaluate_clients(method, state, clients)
+                evaluation = evaluate_clients(method, state, clients, transport)
                 record.update(summarize(evaluation, clients))
                 check_diverged(record, rnd, "evaluation")
                 final = evaluation if rnd == last else None
@@ -268,25 +264,28 @@ def run_federated(
             bar.set_postfix(shown, refresh=False)
             bar.update(1)
             if ckpt is not None and (rnd % checkpoint_every == 0 or rnd == last):
+                state.clients = transport.states()
                 save_checkpoint(ckpt, state, schedule)
                 saved_round = rnd
     except KeyboardInterrupt:
         raise RunInterrupted(rnd, saved_round) from None
     finally:
         bar.close()
-    evaluation = final if final is not None else evaluate_clients(method, state, clients)
+        state.clients = transport.states()
+    evaluation = final if final is not None else evaluate_clients(method, state, clients, transport)
     check_diverged(summarize(evaluation, clients), state.round, "the final evaluation")
     return RunResult(state=state, evaluation=evaluation)
 
 
-def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:
+def start(method: Method, clients: Mapping[int, ClientData], transport: Transport | None = None) -> LoopState:
     """The state before round 1: the initial server state after the one-shot setup exchange (if any)."""
-    state = LoopState(round=0, server=method.init_server())
-    replies: dict[int, Message] = {}
+    transport = transport or InProcess(method, clients)
+    state = LoopState(round=0, server=method.init_server(), clients=transport.states())
     msgs = {cid: m for cid in sorted(clients) if (m := method.configure_setup(state.server, cid)) is not None}
-    verdicts = Verdicts()
-    for cid, msg in msgs.items():
-        reply, state.clients[cid] = method.client_setup(msg, method.init_client(cid), clients[cid])
+    if not msgs:
+        return state
+    verdicts, replies = Verdicts(), {}
+    for cid, reply in transport.exchange("setup", msgs):
         if accept(method, state.server, "setup", 0, cid, reply, asked=set(msgs), verdicts=verdicts):
             replies[cid] = reply
     verdicts.check(0, len(replies))
@@ -295,60 +294,28 @@ def start(method: Method, clients: Mapping[int, ClientData]) -> LoopState:
     return state
 
 
-def _fit_round(
-    method: Method, state: LoopState, clients: Mapping[int, ClientData], rnd: int, selected: np.ndarray
-) -> dict[str, Any]:
+def _fit_round(method: Method, state: LoopState, transport: Transport, rnd: int, selected: np.ndarray
+               ) -> dict[str, Any]:
+    """One round: each reply is checked and folded in as it arrives (a streaming method's transport yields it
+    before the next client runs), then the new server state is made from the accepted replies."""
     t0 = time.perf_counter()
-    if method.streaming:
-        return _fit_round_streaming(method, state, clients, rnd, selected, t0)
-    replies: dict[int, Message] = {}
-    uplink = 0
     order = [int(c) for c in selected]
     msgs = {cid: method.configure_fit(state.server, rnd, cid) for cid in order}
-    prev = {cid: state.clients[cid] if cid in state.clients else method.init_client(cid) for cid in order}
-    results = method.client_fit_many(msgs, prev, {cid: clients[cid] for cid in order})
+    acc, accepted, uplink, came = None, 0, 0, set()
     verdicts = Verdicts()
-    for cid in order:
-        reply, state.clients[cid] = results[cid]  # the client keeps its own state
-        if accept(method, state.server, "fit", rnd, cid, reply, asked=set(order), verdicts=verdicts):
-            replies[cid] = reply
-            uplink += reply.nbytes()
-    verdicts.check(rnd, len(replies))
-    record = _round_record(rnd, selected, verdicts, uplink)
-    if replies:
-        state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
-        record.update(metrics)
-    record["seconds"] = time.perf_counter() - t0
-    return record
-
-
-def _round_record(rnd: int, selected: np.ndarray, verdicts: Verdicts, uplink: int) -> dict[str, Any]:
-    """A round's record: who was asked, how many replies were rejected or abstained, the uplink bytes of the
-    accepted replies."""
-    record: dict[str, Any] = {"round": rnd, "clients": [int(c) for c in selected],
-                              "rejected": len(verdicts.rejected), "uplink_bytes": uplink}
-    if verdicts.abstained:
-        record["abstained"] = len(verdicts.abstained)
-    return record
-
-
-def _fit_round_streaming(method: Method, state: LoopState, clients: Mapping[int, ClientData], rnd: int,
-                         selected: np.ndarray, t0: float) -> dict[str, Any]:
-    """A round of a streaming method: each client's reply is validated and folded in before the next runs."""
-    acc, accepted, uplink = None, 0, 0
-    order = [int(c) for c in selected]
-    verdicts = Verdicts()
-    for cid in order:
-        msg = method.configure_fit(state.server, rnd, cid)
-        prev = state.clients[cid] if cid in state.clients else method.init_client(cid)
-        reply, state.clients[cid] = method.client_fit(msg, prev, clients[cid])
+    for cid, reply in transport.exchange("fit", msgs):
+        came.add(cid)
         if accept(method, state.server, "fit", rnd, cid, reply, asked=set(order), verdicts=verdicts):
             acc = method.fold_fit(state.server, rnd, acc, cid, reply)
             accepted += 1
             uplink += reply.nbytes()
-        del reply, msg
+        del reply
+    del msgs
     verdicts.check(rnd, accepted)
-    record = _round_record(rnd, selected, verdicts, uplink)
+    record: dict[str, Any] = {"round": rnd, "clients": order, "lost": sorted(set(order) - came),
+                              "rejected": len(verdicts.rejected), "uplink_bytes": uplink}
+    if verdicts.abstained:
+        record["abstained"] = len(verdicts.abstained)
     if accepted:
         state.server, metrics = method.finish_fit(state.server, rnd, acc)
         record.update(metrics)

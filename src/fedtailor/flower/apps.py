@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.app import Message as FlowerMessage
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from fedtailor.fl.checkpoint import load_checkpoint, open_private
 from fedtailor.fl.records import RequestRefused
 from fedtailor.flower.binding import NodeBinding, ReplyView
 from fedtailor.flower.records import STATE_KEY, from_records, state_from_bytes, state_to_bytes, to_records
@@ -54,6 +58,8 @@ server_app = ServerApp()
 #: Settings that void a deployment's guarantee (``Method.deployment_risks``), refused by the ServerApp unless
 #: the run config's ``allow`` key names them (comma-separated), e.g. ``-c "allow='simulation-randomness'"``.
 ALLOW_KEY = "allow"
+#: Run config key: stop after this many rounds in total (0: run them all), with a checkpoint, as ``--stop-after``.
+STOP_KEY = "stop-after"
 #: Node config key: the SHA-256 of the resolved config the node's operator approved (``fedtailor.config.
 #: config_digest``); with it the node refuses any other run config, whoever starts the run.
 PIN_KEY = "config-sha256"
@@ -94,10 +100,53 @@ def server_main(grid: Grid, context: Context) -> None:
         dead.update({m.metadata.dst_node_id for m in out.values()} - answered)  # no reply: lost from now on
         return replies
 
-    server, history, evaluation = drive(method, setup, exchange)
-    out = context.run_config.get("out")
-    if out:
-        _write(Path(str(out)), method, setup, server, history, evaluation)
+    rc = context.run_config
+    out, stop_after = str(rc.get("out", "")), int(rc.get(STOP_KEY, 0)) or None
+    if not out:
+        drive(method, setup, exchange)
+        return
+    from fedtailor.report import report
+    from fedtailor.runner import run_experiment
+
+    run_dir = Path(out)
+    resume = (run_dir / "checkpoint.pt").exists()  # a ServerApp restarted on its run directory resumes
+    run_experiment(setup.cfg, run_dir, resume=resume, progress=False, stop_after=stop_after, built=(setup, method),
+                   transport=Remote(exchange), on_round=lambda r: flwr_log(INFO, "round %s: %s", r["round"],
+                                                                          _shown(r)))
+    with open_private(run_dir / "server_state.pt") as f:  # the final server state; it holds the key ring
+        torch.save(load_checkpoint(run_dir / "checkpoint.pt", setup.schedule).server, f)
+    flwr_log(INFO, "%s", report(run_dir, plots=True))
+
+
+def _shown(record: dict[str, Any]) -> str:
+    """A round's record as one log line: its numbers, and the clients lost if any."""
+    parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
+             if k not in ("round", "clients") and not isinstance(v, list)]
+    return ", ".join(parts + ([f"lost {record['lost']}"] if record.get("lost") else []))
+
+
+#: The driver's message kinds as Flower message types.
+FLOWER_KINDS = {"setup": "query.setup", "fit": "train", "evaluate": "evaluate"}
+
+
+class Remote:
+    """Clients on Flower nodes for the federation driver (:class:`fedtailor.fl.loop.Transport`), reached
+    through ``exchange(flower_kind, {cid: Message}) -> {cid: reply}``; their states live on the nodes, so a
+    checkpoint holds the server's side only."""
+
+    trusted = False
+
+    def __init__(self, exchange: Any) -> None:
+        self._exchange = exchange
+
+    def exchange(self, kind: str, msgs: dict[int, Any]) -> Any:
+        yield from self._exchange(FLOWER_KINDS[kind], msgs).items()
+
+    def states(self) -> dict[int, Any]:
+        return {}
+
+    def restore(self, states: dict[int, Any]) -> None:
+        """Nothing to restore: the nodes keep their clients' states."""
 
 
 def _view(kind: str, reply: FlowerMessage) -> ReplyView:
@@ -117,62 +166,14 @@ def _view(kind: str, reply: FlowerMessage) -> ReplyView:
 
 
 def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, Any]], dict[int, dict[str, float]]]:
-    """The server's side of a whole run, with the transport abstracted: ``exchange(kind, {cid: Message})``
-    returns the replies that came back (``kind`` is ``query.setup``, ``train`` or ``evaluate``). Replies are
-    checked as in the in-process loop (:func:`fedtailor.fl.loop.accept`: a reply only from a client that was
-    asked, any failure while checking it a rejection of that reply); clients that did not answer are recorded per
-    round as ``lost``; a round whose every reply was rejected stops the run with the reasons."""
-    from fedtailor.fl.loop import LoopState, Verdicts, accept, accept_evaluation
-    from fedtailor.fl.records import check_diverged
+    """A whole run through ``exchange(kind, {cid: Message}) -> {cid: reply}`` (``kind`` is Flower's
+    ``query.setup``, ``train`` or ``evaluate``), driven by the one federation driver
+    (:func:`fedtailor.fl.loop.run_federated` with a :class:`Remote` transport): the same checks, records, finite
+    checks and evaluation as every run. Returns (server state, per-round history, per-client evaluation)."""
+    from fedtailor.fl.loop import run_federated
 
-    state = LoopState(round=0, server=method.init_server())
-
-    def accepted(phase: str, rnd: int, asked: set[int], replies: dict[int, Any]) -> tuple[dict[int, Any], Verdicts]:
-        verdicts = Verdicts()
-        ok = {cid: r for cid, r in replies.items()
-              if accept(method, state.server, phase, rnd, cid, r, asked=asked, verdicts=verdicts)}
-        verdicts.check(rnd, len(ok))
-        return ok, verdicts
-
-    setup_msgs = {cid: m for cid in sorted(setup.clients) if (m := method.configure_setup(state.server, cid)) is not None}
-    if setup_msgs:
-        replies, _ = accepted("setup", 0, set(setup_msgs), exchange("query.setup", setup_msgs))
-        if replies:
-            state.server = method.aggregate_setup(state.server, replies)
-    history = []
-    for rnd in range(1, len(setup.schedule) + 1):
-        cids = [int(c) for c in setup.schedule[rnd - 1]]
-        came = exchange("train", {c: method.configure_fit(state.server, rnd, c) for c in cids})
-        replies, verdicts = accepted("fit", rnd, set(cids), came)
-        record: dict[str, Any] = {"round": rnd, "clients": cids, "lost": sorted(set(cids) - set(came)),
-                                  "rejected": len(verdicts.rejected)}
-        if verdicts.abstained:
-            record["abstained"] = len(verdicts.abstained)
-        if replies:
-            state.server, metrics = method.aggregate_fit(state.server, rnd, replies)
-            record.update(metrics)
-        check_diverged(record, rnd, "training")
-        history.append(record)
-        log.info("round %d/%d: %s", rnd, len(setup.schedule), record)
-        state.round = rnd
-    asked = {c for c in sorted(setup.clients) if setup.clients[c].eval is not None}
-    evaluation = accept_evaluation(exchange("evaluate", {c: method.configure_evaluate(state.server, c) for c in asked}),
-                                   asked=asked)
-    return state.server, history, evaluation
-
-
-def _write(out: Path, method: Any, setup: Any, server: Any, history: list, evaluation: dict) -> None:
-    import torch
-
-    from fedtailor.fl.loop import open_private, summarize
-    from fedtailor.runner import write_json
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", {
-        "summary": summarize(evaluation, setup.clients), "history": history,
-        "per_client": {str(c): m for c, m in sorted(evaluation.items())}, "method_summary": method.summary(server)})
-    with open_private(out / "server_state.pt") as f:  # may hold the decoder's key ring: owner-only
-        torch.save(server, f)
+    result = run_federated(method, setup.clients, setup.schedule, transport=Remote(exchange), progress=False)
+    return result.state.server, result.history, result.evaluation
 
 
 def _with_cid(records: RecordDict, cid: int, kind: str) -> RecordDict:

@@ -13,7 +13,8 @@ import torch
 
 from fedtailor.codecs import release_key
 from fedtailor.codecs.format import unpad
-from fedtailor.fl.loop import load_checkpoint, run_federated, save_checkpoint, start
+from fedtailor.fl.checkpoint import load_checkpoint, save_checkpoint
+from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import Abstained, InvalidMessage, Message, RequestRefused
 from fedtailor.methods.compact import CompactClient, release_norm_bound
 from fedtailor.methods.compact_privacy_test import SECURE, build
