@@ -77,8 +77,9 @@ class Federation:
                                                stderr=subprocess.STDOUT, start_new_session=True))
         return self
 
-    def run(self, cfg_path: Path, out: Path, *, wait: bool = True):
-        cmd = [self.bin / "flwr", "run", str(REPO), "deploy", "--stream", "-c", f"config='{cfg_path}' out='{out}'"]
+    def run(self, cfg_path: Path, out: Path, *, wait: bool = True, extra: str = ""):
+        cmd = [self.bin / "flwr", "run", str(REPO), "deploy", "--stream", "-c",
+               f"config='{cfg_path}' out='{out}' {extra}".strip()]
         if not wait:
             return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=400)
@@ -120,16 +121,37 @@ def _tiny(tmp_path: Path, rounds: int) -> Path:
 
 
 @pytest.mark.slow
-def test_fedavg_on_the_deployment_engine_matches_the_in_process_loop(tmp_path):
+def test_fedavg_on_the_deployment_engine_writes_a_run_directory_resumes_and_matches_the_in_process_loop(tmp_path):
+    """The ServerApp runs the one federation driver: it stops after round 2 (``stop-after``), a ServerApp
+    restarted on the same run directory resumes from its checkpoint, and the run ends with the in-process
+    loop's model. The run directory is a `fedtailor run`'s (config, metrics, results, owner-only checkpoint,
+    plots) and `fedtailor report` reads it; the log stream shows every round."""
+    import json
+    import stat
+
     from fedtailor.config import load_config
     from fedtailor.experiment import build_method, build_setup
     from fedtailor.fl.loop import run_federated
+    from fedtailor.report import report
 
     cfg_path, out = _tiny(tmp_path, 3), tmp_path / "out"
     with Federation(tmp_path, 3) as fed:
-        run = fed.run(cfg_path, out)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        first = fed.run(cfg_path, out, extra="stop-after=2")
+        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
         _wait_for(out / "server_state.pt")
+        assert json.loads((out / "results.json").read_text())["rounds_completed"] == 2
+        (out / "server_state.pt").unlink()
+        second = fed.run(cfg_path, out)  # a new ServerApp on the same directory: resumes at round 3
+        assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+        _wait_for(out / "server_state.pt")
+    assert "round 1:" in first.stdout + first.stderr and "round 3:" in second.stdout + second.stderr
+    assert "round 1:" not in second.stdout + second.stderr  # resumed, not restarted
+    results = json.loads((out / "results.json").read_text())
+    assert results["rounds_completed"] == 3 and results["method"] == "fedavg"
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    assert stat.S_IMODE((out / "checkpoint.pt").stat().st_mode) == 0o600
+    assert "accuracy" in report(out, plots=False)
+    assert (out / "learning_curves.png").exists() and (out / "config.json").exists()
     flower = torch.load(out / "server_state.pt", weights_only=False)
     setup = build_setup(load_config(cfg_path))
     local = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
@@ -156,11 +178,18 @@ def test_a_supernode_killed_mid_run_costs_its_client_and_nothing_else(tmp_path):
         output, _ = run.communicate(timeout=400)
         assert run.returncode == 0, output[-2000:]
         _wait_for(out / "results.json")
-    results = json.loads((out / "results.json").read_text())
-    lost = [h["lost"] for h in results["history"]]
+    results, history = json.loads((out / "results.json").read_text()), _history(out)
+    lost = [h["lost"] for h in history]
     assert lost[0] == [] and all(entry == [2] for entry in lost[1:]), lost  # round 2 on: client 2 lost
-    assert all("loss" in h for h in results["history"])  # every round aggregated the clients that answered
-    assert sorted(results["per_client"]) == ["0", "1"]  # the lost client is not evaluated either
+    assert all("loss" in h for h in history)  # every round aggregated the clients that answered
+    assert sorted(r["client"] for r in results["per_client"]) == [0, 1]  # the lost client is not evaluated
+
+
+def _history(run_dir: Path) -> list[dict]:
+    """The per-round records of a run directory (its metrics.jsonl)."""
+    import json
+
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _through_records(method, setup):
@@ -327,7 +356,7 @@ def test_compact_adaptation_deployed_in_secure_mode_cannot_be_regenerated_from_i
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         _wait_for(out / "server_state.pt")
     results = json.loads((out / "results.json").read_text())
-    assert all(h["lost"] == [] and h["rejected"] == 0 for h in results["history"])
+    assert all(h["lost"] == [] and h["rejected"] == 0 for h in _history(out))
     assert results["method_summary"]["randomness"].startswith("secure")
     deployed = torch.load(out / "server_state.pt", weights_only=False)
     setup = build_setup(load_config(None, [*sets, 'method.privacy.randomness="simulation"']))
