@@ -189,12 +189,10 @@ def test_a_mutated_reply_is_rejected_and_changes_nothing(name, phase, data):
     reply = mutate(c.reply)
     before = copy.deepcopy(c.server)
     releases = len(before.ledger.releases) if hasattr(before, "ledger") else 0
-    hidden = set(getattr(c.method, "_decoded", {}))
     verdicts = Verdicts()
     assert not accept(c.method, c.server, c.phase, c.rnd, cid, reply, asked=c.asked, verdicts=verdicts), label
     assert cid in verdicts.rejected, label
     assert _equal(_without_ledger(c.server), _without_ledger(before)), label
-    assert set(getattr(c.method, "_decoded", {})) == hidden, label
     if hasattr(before, "ledger"):  # a release that reached the server is charged once, and no other
         new = c.server.ledger.releases[releases:]
         assert len(new) <= 1 and all(r.client == cid == c.cid for r in new), label
@@ -207,8 +205,6 @@ def test_the_unmutated_reply_is_accepted(name, phase):
     server = copy.deepcopy(c.server)
     method = c.method
     assert accept(method, server, c.phase, c.rnd, c.cid, c.reply, asked=c.asked, verdicts=Verdicts())
-    if hasattr(method, "_decoded"):
-        method._decoded.clear()
 
 
 def test_every_registered_method_is_covered():

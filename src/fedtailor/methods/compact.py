@@ -33,6 +33,7 @@ d_theta), the context (private release or one public vector u0) and the codec of
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -150,6 +151,15 @@ class CompactState:
     public_codec: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Decoded:
+    """One accepted release of a round, decoded (the round's accumulator holds these by client)."""
+
+    g: torch.Tensor
+    reply: Message
+    decode_ms: float
+
+
 @dataclass
 class CompactClient:
     """What a client keeps between rounds: the secret it shares with the decoder only (every release key of the
@@ -202,8 +212,6 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         self.schedule, self.seen = schedule, sorted(seen)
         self.replay_gains = _load_replay_gains(cfg.replay_from, len(schedule)) if cfg.generator == "replay" else None
         self.replay_ledger = _load_replay_ledger(cfg.replay_from) if cfg.generator == "replay" else None
-        self._decoded: dict[tuple[int, int], torch.Tensor] = {}  # accepted releases awaiting aggregation
-        self._decode_ms: list[float] = []
 
     # ----- privacy plan ----------------------------------------------------------------------------------
     @property
@@ -314,8 +322,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         return server.codec_secrets[cid]
 
     def aggregate_setup(self, server: CompactState, replies: dict[int, Message]) -> CompactState:
-        server.codec_secrets = {cid: int.from_bytes(r.config["codec_secret"], "little")
-                                for cid, r in replies.items() if "codec_secret" in r.config}
+        """A new state with the key ring, the cached contexts and the generator's input statistics."""
+        server = dataclasses.replace(server, omega=dict(server.omega), codec_secrets={
+            cid: int.from_bytes(r.config["codec_secret"], "little") for cid, r in replies.items()
+            if "codec_secret" in r.config})
         if not self.private_context:
             return server
         server.contexts = {cid: r.arrays["context"].to(self.device).float() for cid, r in replies.items()}
@@ -457,11 +467,17 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                 if len(secret) != 32:
                     raise InvalidMessage(f"codec secret of client {cid} has {len(secret)} bytes, expected 32.")
             return
+        self.decode(server, rnd, cid, reply)
+
+    def decode(self, server: CompactState, rnd: int, cid: int, reply: Message) -> np.ndarray:
+        """The release ``g~`` a fit reply carries (float64, length k), after every check: only the payload (and
+        the diagnostics when on), a padded message of the fixed size, decodable with the client's key, finite,
+        and of a norm that a clipped input plus noise reaches (:func:`release_norm_bound`). Raises
+        InvalidMessage, or :class:`~fedtailor.fl.records.Abstained` for a fixed-size abstention."""
         reply.only(config={"payload"} | (DIAGNOSTIC_FIELDS if self.cfg.diagnostics else set()))
         for name in DIAGNOSTIC_FIELDS & set(reply.config):
             reply.value(name, (int, float))
         payload = reply.value("payload", bytes)
-        t0 = time.perf_counter()
         try:
             if server.pad_bytes is not None:
                 payload = unpad(payload, size=server.pad_bytes)
@@ -471,14 +487,13 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                                   sigma=server.sigma, dim=self.k)
         except CodecError as err:
             raise InvalidMessage(f"undecodable release: {err}") from err
-        self._decode_ms.append(1e3 * (time.perf_counter() - t0))
         if not np.all(np.isfinite(g)):
             raise InvalidMessage("decoded release contains non-finite values.")
         bound = release_norm_bound(self.clip, server.sigma, self.k, slack=_quantisation_slack(self.codec.name, g))
         if float(np.linalg.norm(g)) > bound:
             raise InvalidMessage(f"decoded release of client {cid} has norm {float(np.linalg.norm(g)):.4g}, which no "
                                  f"clipped input plus noise reaches (> {bound:.4g} at tail {RELEASE_TAIL:g}).")
-        self._decoded[(rnd, cid)] = torch.as_tensor(g, dtype=torch.float32, device=self.device)
+        return g
 
     def step_size(self, rnd: int) -> float:
         """eta_t of round ``rnd`` (1-based) under ``lr_schedule``."""
@@ -486,10 +501,23 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             return self.cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (rnd - 1) / len(self.schedule)))
         return self.cfg.lr
 
+    def fold_fit(self, server: CompactState, rnd: int, acc: dict[int, _Decoded] | None, cid: int,
+                 reply: Message) -> dict[int, _Decoded]:
+        """The round's accepted releases so far, with this one decoded."""
+        t0 = time.perf_counter()
+        g = torch.as_tensor(self.decode(server, rnd, cid, reply), dtype=torch.float32, device=self.device)
+        return {**(acc or {}), cid: _Decoded(g=g, reply=reply, decode_ms=1e3 * (time.perf_counter() - t0))}
+
     def aggregate_fit(self, server: CompactState, rnd: int, replies: dict[int, Message]) -> tuple[CompactState, Metrics]:
-        cids = sorted(replies)
-        g = torch.stack([self._decoded.pop((rnd, c)) for c in cids])
-        self._decoded = {key: v for key, v in self._decoded.items() if key[0] > rnd}
+        acc = None
+        for cid in sorted(replies):
+            acc = self.fold_fit(server, rnd, acc, cid, replies[cid])
+        return self.finish_fit(server, rnd, acc)
+
+    def finish_fit(self, server: CompactState, rnd: int, acc: dict[int, _Decoded]) -> tuple[CompactState, Metrics]:
+        """omega <- omega - eta_t sum_i J_i^T g~_i / |S_t| (Eq. 6) from the round's decoded releases: a new state."""
+        cids = sorted(acc)
+        g = torch.stack([acc[c].g for c in cids])
         a, h = self.coefficients(server, cids)
         params = [p for p in self.generator.parameters() if p.requires_grad]
         # sum_i J_i^T g~_i / |S_t| as the gradient of sum_i <a_i, stopgrad(g~_i)> / |S_t| (Eq. 6)
@@ -499,7 +527,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         with torch.no_grad():
             for p, dp in zip(params, grads):
                 p.sub_(step * dp)
-        server.omega = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}
+        omega = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}
+        replies = {c: acc[c].reply for c in cids}
         nbytes = [len(replies[c].config["payload"]) for c in cids]  # fixed when padded
         metrics: Metrics = {
             "uplink_payload_bytes": float(sum(nbytes)),
@@ -510,14 +539,13 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             metrics["h_norm2"] = float((h.detach() ** 2).sum(1).mean())
         if self.replay_gains is not None:
             metrics["replay_gain"] = gain
-        if self._decode_ms and self.cfg.diagnostics:
-            metrics["decode_ms"] = float(np.mean(self._decode_ms))
-        self._decode_ms = []
+        if self.cfg.diagnostics:
+            metrics["decode_ms"] = float(np.mean([acc[c].decode_ms for c in cids]))
         for key in sorted(DIAGNOSTIC_FIELDS if self.cfg.diagnostics else ()):
             vals = [float(replies[c].config[key]) for c in cids if key in replies[c].config]
             if vals:
                 metrics[key] = float(np.mean(vals))
-        return server, metrics
+        return dataclasses.replace(server, omega=omega), metrics
 
     # ----- evaluation -------------------------------------------------------------------------------------
     def configure_evaluate(self, server: CompactState, cid: int) -> Message:

@@ -32,7 +32,7 @@ def _release(method, server, setup, rnd: int, cid: int) -> tuple[np.ndarray, Mes
     state = method.init_client(cid)
     reply, _ = method.client_fit(method.configure_fit(server, rnd, cid), state, setup.clients[cid])
     method.validate_reply(server, "fit", rnd, cid, reply)
-    return method._decoded.pop((rnd, cid)).double().numpy(), reply
+    return method.decode(server, rnd, cid, reply), reply
 
 
 def test_secure_mode_noise_cannot_be_regenerated_from_the_config():
@@ -55,7 +55,7 @@ def test_secure_mode_noise_cannot_be_regenerated_from_the_config():
     # the release decodes with the client's secret only: the seed-derived key is refused (tag mismatch)
     reply, _ = m1.client_fit(m1.configure_fit(s1.server, 1, cid), s1.clients[cid], setup.clients[cid])
     m1.validate_reply(s1.server, "fit", 1, cid, reply)
-    assert (1, cid) in m1._decoded
+    assert m1.decode(s1.server, 1, cid, reply).shape == (m1.k,)
     forged = type(s1.server)(**{**vars(s1.server), "codec_secrets": {cid: sim._simulation_secret(cid)}})
     with pytest.raises(InvalidMessage):
         m1.validate_reply(forged, "fit", 1, cid, reply)
@@ -106,7 +106,7 @@ def test_padded_messages_are_checked_before_decoding():
     for bad in (good[:-1], good + b"\x00", good[:-1] + b"\x01", b"FTP\x00" + b"\xff" * (len(good) - 4)):
         with pytest.raises(InvalidMessage):
             method.validate_reply(server, "fit", 1, cid, Message(config={"payload": bad}))
-    assert method._decoded == {} and all(torch.equal(omega[k], server.omega[k]) for k in omega)
+    assert all(torch.equal(omega[k], server.omega[k]) for k in omega)
 
 
 def test_the_method_refuses_a_release_beyond_its_calibrated_schedule():

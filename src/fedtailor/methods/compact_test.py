@@ -81,7 +81,7 @@ def test_release_noise_has_the_calibrated_sigma(codec):
     msg = method.configure_fit(server, 1, cid)
     reply, _ = method.client_fit(msg, None, setup.clients[cid])
     method.validate_reply(server, "fit", 1, cid, reply)
-    e = (method._decoded.pop((1, cid)).double().numpy() - u) / server.sigma
+    e = (method.decode(server, 1, cid, reply) - u) / server.sigma
     # k = 2048 standardised coordinates: KS against N(0, 1) at alpha = 1e-3, and the sample std, whose
     # sampling sd is 1/sqrt(2k) = 1.6%, within 5% (3 sd): a sigma off by 10% fails with power > 0.99.
     assert stats.kstest(e, "norm").pvalue > 1e-3
@@ -117,7 +117,6 @@ def test_malformed_releases_are_rejected_without_touching_the_server():
             method.validate_reply(server, "fit", 1, cid, Message(config={"payload": bad}))
     with pytest.raises(InvalidMessage):  # decoded with another client's key: mismatched release
         method.validate_reply(server, "fit", 1, cid + 1 if cid + 1 in setup.clients else cid - 1, reply)
-    assert method._decoded == {}
     assert all(torch.equal(omega[k], server.omega[k]) for k in omega)
 
 
