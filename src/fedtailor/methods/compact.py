@@ -226,6 +226,11 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         return BudgetGuard(ledger, target_eps=self.cfg.privacy.epsilon)
 
     def init_server(self) -> CompactState:
+        return self._plan(announce=True)
+
+    def _plan(self, *, announce: bool) -> CompactState:
+        """The initial state: sigma calibrated from the fixed schedule (the whole plan checked by the guard), the
+        public codec profile and the fixed message size; ``announce`` logs the calibration."""
         p = self.cfg.privacy
         ledger = PrivacyLedger(delta=p.delta, conversion=p.conversion)
         state = CompactState(omega={k: v.clone() for k, v in self.omega0.items()}, sigma=0.0, ledger=ledger)
@@ -236,7 +241,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                                                context_sensitivity=dc, gradient_sensitivity=dg, conversion=p.conversion)
             plan = {c: ([(dc, sigma)] if dc else []) + [(dg, sigma)] * int(counts[c]) for c in self.seen}
             self._guard(ledger).check_plan(plan)  # refused before anything is released
-            log.info("sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
+            if announce:
+                log.info("sigma=%.6g for eps=%g (T_max=%d, %s)", sigma, p.epsilon, counts.max(), p.conversion)
             state.sigma = sigma
             state.public_codec = public_codec_profile(self.codec, k=self.k, sigma=sigma, clip=self.clip, seed=self.seed)
             probe_pad = int(state.public_codec.pop("pad_bytes"))
@@ -278,7 +284,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     @functools.cached_property
     def client_plan(self) -> CompactState:
         """What this client's own config calibrates (sigma, the fixed message size): it refuses a request below it."""
-        return self.init_server()
+        return self._plan(announce=False)
 
     def _check_sigma(self, msg: Message, cid: int) -> float:
         sigma, want = msg.config.get("sigma"), self.client_plan.sigma
