@@ -18,14 +18,24 @@ import pickle
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["UnsafeGlobal", "UnsafePickle", "load_state", "restricted_pickle_load", "vetted_globals"]
+__all__ = ["UnsafeGlobal", "UnsafePickle", "load_state", "restricted_pickle_load", "state_class", "vetted_globals"]
 
 # What fedtailor state may name besides tensors: fedtailor's own state dataclasses (checked one by one), these
 # builtins, and numpy's array reconstruction. Anything else means the bytes did not come from fedtailor.
 _SAFE_BUILTINS = {"builtins.set", "builtins.frozenset", "collections.OrderedDict"}
-_SAFE_FEDTAILOR = {"fedtailor.privacy.ledger.PrivacyLedger"}  # state classes that are not dataclasses
 _SAFE_NUMPY = {"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
                "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"}
+
+
+#: The attribute that marks a class which is not a dataclass as saved state (:func:`state_class`).
+STATE_MARK = "__fedtailor_state__"
+
+
+def state_class(cls: type) -> type:
+    """Mark ``cls`` as state that checkpoints may hold although it is not a dataclass (its pickle is its
+    ``__dict__`` of plain data): the loader then admits it without naming it."""
+    setattr(cls, STATE_MARK, True)
+    return cls
 
 
 class UnsafeGlobal(ValueError):
@@ -55,7 +65,7 @@ def vetted_globals(f: str | Path | IO[bytes]) -> list[Any]:
             except (ImportError, AttributeError):
                 obj = None
         if module.startswith("fedtailor") and not (isinstance(obj, type) and (dataclasses.is_dataclass(obj)
-                                                                           or name in _SAFE_FEDTAILOR)):
+                                                                           or getattr(obj, STATE_MARK, False))):
             obj = None  # of fedtailor's own names only its state classes are data
         if obj is None:
             raise UnsafeGlobal(name)

@@ -20,6 +20,7 @@ from typing import Any
 
 from fedtailor.privacy.accountant import DEFAULT_CONVERSION, check_conversion, epsilon_from_rho
 from fedtailor.privacy.rdp import check_release
+from fedtailor.safeload import state_class
 
 _FORMAT = "fedtailor.privacy.ledger/1"
 
@@ -62,6 +63,7 @@ def _as_int(value: Any, name: str) -> int:
     return int(value)
 
 
+@state_class
 class PrivacyLedger:
     """All releases of a run, grouped per client, with eps reporting under a chosen conversion."""
 
