@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_TOML
 
 import fedtailor.reproduce as rp
+from conftest import TINY_TOML
+from fedtailor.config import dump_config
 
 
 @pytest.fixture()
@@ -97,6 +98,7 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
                 f"p = pathlib.Path({str(run.out)!r}); p.mkdir(parents=True, exist_ok=True); "
                 + ("raise SystemExit(1)" if fail else
                    "(p / 'results.json').write_text(json.dumps({'rounds': 1, 'rounds_completed': 1})); "
+                   f"(p / 'config.json').write_text({dump_config(run.cfg)!r}); "
                    f"open({str(log)!r}, 'a').write('end {run.out}\\n')"))
         return [sys.executable, "-c", code]
 
@@ -129,7 +131,8 @@ def test_the_same_resolved_config_runs_once_and_is_linked(tmp_path, registry):
         return [sys.executable, "-c", f"import json, pathlib; p = pathlib.Path({str(run.out)!r}); "
                 "p.mkdir(parents=True); (p / 'results.json').write_text(json.dumps({'rounds': 1, 'name': 'r', "
                 "'method': 'fedavg', 'dataset': 'digits', 'seed': 1, 'rounds_completed': 1, "
-                "'summary': {'seen/accuracy': 0.5}, 'per_client': []}))"]
+                "'summary': {'seen/accuracy': 0.5}, 'per_client': []})); "
+                f"(p / 'config.json').write_text({dump_config(run.cfg)!r})"]
 
     lines: list[str] = []
     assert rp.execute(runs, jobs=2, progress=lines.append, command=fake) == []
@@ -190,3 +193,26 @@ def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):
     assert rows[0]["point"] == "coef_dim=4096_top_k=0"
     rp._trend_plot(rows, points, exp, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
+
+
+def test_a_finished_run_counts_only_for_the_config_it_ran(tmp_path):
+    """A finished run is done for a planned point only when its resolved config is the planned one: a run with
+    another --set (or a --quick one) in the same folder is not reused, and running the point there refuses,
+    naming the key that differs."""
+    from fedtailor.config import load_config
+    from fedtailor.runner import finished, run_experiment
+    from fedtailor.sweep import run_sweep
+
+    cfg_path = tmp_path / "tiny.toml"
+    cfg_path.write_text(TINY_TOML)
+    out = tmp_path / "sweep"
+    run_sweep(str(cfg_path), seeds=[1], grid=[], out=out, progress=False)
+    run_dir = next(out.glob("*/seed1"))
+    assert finished(run_dir, load_config(str(cfg_path), ["seed=1"]))
+    assert not finished(run_dir, load_config(str(cfg_path), ["seed=1", "method.lr=0.2"]))
+    assert finished(run_dir, load_config(str(cfg_path), ["seed=1", 'name="other"']))  # the name is the folder's
+    with pytest.raises(ValueError, match=r"method.lr \(was 0.1, now 0.2\)"):
+        run_sweep(str(cfg_path), seeds=[1], grid=[], overrides=["method.lr=0.2"], out=out, progress=False)
+    with pytest.raises(ValueError, match="different config"):
+        run_experiment(load_config(str(cfg_path), ["seed=1", "federation.rounds=2"]), run_dir, resume=True,
+                       progress=False)

@@ -34,8 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedtailor.config import load_config
+from fedtailor.config import RunConfig, load_config
 from fedtailor.report import aggregate_seeds
+from fedtailor.runner import finished
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +191,13 @@ class Run:
     out: Path
     after: Path | None = None  # a run directory that must be finished first
     same_as: Path | None = None  # another planned run of the same resolved config: linked to it, never run twice
+    cfg: RunConfig | None = None  # the resolved config: a finished run counts only if it ran exactly this
 
     @property
     def done(self) -> bool:
-        return _finished(self.out)
+        """A finished run of this point's resolved config (a ``--quick`` result, or a run with other settings,
+        in the same folder is not this run)."""
+        return finished(self.out, self.cfg) if self.cfg is not None else _finished(self.out)
 
 
 def _finished(out: Path) -> bool:
@@ -254,9 +258,10 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
                     same = first.setdefault(key, run_dir)
                     if same != run_dir and not (run_dir.exists() and not run_dir.is_symlink()):
                         # the same run under another name (Factorized+ctx is Ours-DG): a link, once that finishes
-                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, same, same_as=same))
+                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, same, same_as=same,
+                                        cfg=cfg))
                     else:
-                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, after))
+                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, after, cfg=cfg))
     planned = {r.out for r in runs}
     for r in runs:
         if r.after is not None and r.after not in planned and not _finished(r.after):

@@ -108,6 +108,24 @@ def _check_out(out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, An
     return False
 
 
+def finished(out: Path, cfg: RunConfig) -> bool:
+    """Whether ``out`` holds a finished run of exactly ``cfg`` (every round, and its saved config equal to
+    ``cfg`` resolved, fields added since at their defaults; the run's ``name`` and ``out_dir`` aside, which name
+    the directory, not the run). A finished run of another config is not done: running ``cfg`` there with
+    ``resume`` then refuses, naming the keys that differ."""
+    results, saved = Path(out) / "results.json", Path(out) / "config.json"
+    try:
+        r = json.loads(results.read_text())
+        old, new = json.loads(saved.read_text()), json.loads(dump_config(cfg))
+        for tree in (old, new):
+            tree.pop("name", None)
+            tree.pop("out_dir", None)
+        diff = config_differences(old, new, defaults=_defaults_of(cfg))
+    except (OSError, ValueError):
+        return False
+    return not diff and r.get("rounds_completed") == r.get("rounds")
+
+
 def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
     """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``), of the
     rejected and abstained replies (``*_total``), means of the other numeric metrics (``*_mean``)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from fedtailor.config import load_config, parse_override
 from fedtailor.experiment import check_data_name
 from fedtailor.report import aggregate_seeds, format_table
-from fedtailor.runner import run_experiment
+from fedtailor.runner import finished, run_experiment
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def run_sweep(
         run_dirs = []
         for seed in seeds:
             run_dir = out / _slug(point) / f"seed{seed}"
-            if not (run_dir / "results.json").exists() or _unfinished(run_dir):
+            if not finished(run_dir, configs[point, seed]):  # a run of another config there is refused
                 log.info("sweep: %s seed %d -> %s", _slug(point), seed, run_dir)
                 started = run_dir.is_dir() and any(run_dir.iterdir())
                 run_experiment(configs[point, seed], run_dir, resume=started, progress=progress)
@@ -126,8 +126,3 @@ def run_sweep(
     (out / "sweep.md").write_text(table + "\n")
     (out / "sweep.json").write_text(json.dumps(rows, indent=2))
     return table
-
-
-def _unfinished(run_dir: Path) -> bool:
-    results = json.loads((run_dir / "results.json").read_text())
-    return results["rounds_completed"] < results["rounds"]
