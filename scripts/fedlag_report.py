@@ -19,7 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-BASES = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
+
+
+def bases() -> tuple[str, ...]:
+    """Every registered base FedLAG wraps (:func:`fedtailor.fl.registry.fedlag_bases`)."""
+    from fedtailor.fl.registry import fedlag_bases
+
+    return fedlag_bases()
 
 
 def _acc(run: Path) -> float | None:
@@ -65,7 +71,7 @@ def sections(folder: Path) -> list[tuple[str, Path, Path]]:
 def table(main: Path, fixed: Path) -> list[str]:
     lines = ["| base | without FedLAG | with FedLAG (top_k = 2) | paired difference | seeds | personal layers (seed 41) |",
              "|---|---|---|---|---|---|"]
-    for base in BASES:
+    for base in bases():
         if not (main / f"name={base}_top_k=0").exists() and not (main / f"name={base}_top_k=2").exists():
             continue
         off, on = _seeds(main / f"name={base}_top_k=0"), _seeds(main / f"name={base}_top_k=2")

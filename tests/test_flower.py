@@ -19,6 +19,7 @@ pytest.importorskip("flwr")
 from conftest import TINY_TOML  # noqa: E402
 
 from fedtailor.fl.records import Message  # noqa: E402
+from fedtailor.fl.registry import fedlag_bases, methods  # noqa: E402
 from fedtailor.flower.records import from_records, state_from_bytes, state_to_bytes, to_records  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +214,7 @@ def _through_records(method, setup):
 
 IMAGE = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
          "data.eval_fraction=0.25", "federation.rounds=2", "federation.clients_per_round=4", 'method.model="mlp"']
-BASES = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
+BASES = fedlag_bases()  # every registered base FedLAG wraps
 FLOWER_PATHS = {
     **{name: [*IMAGE, f'method.name="{name}"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"] for name in BASES},
     **{f"{name} (no FedLAG)": [*IMAGE, f'method.name="{name}"'] for name in BASES},
@@ -221,7 +222,8 @@ FLOWER_PATHS = {
                 "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256", "method.hidden_dim=8",
                 "method.privacy.batch_size=60", 'method.privacy.randomness="simulation"', 'method.variant="ours-lrsuq"'],
 }
-LM = ("pfeddpo", "feddpo", "dpo-central")  # need the language model: covered by their own tests and test_flower_dpo
+# need the language model: covered by their own tests and test_flower_dpo
+LM = tuple(s.name for s in methods() if s.data == "preferences")
 
 
 def test_every_registered_method_has_a_flower_path():

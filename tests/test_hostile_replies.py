@@ -25,6 +25,7 @@ from fedtailor.config import load_config
 from fedtailor.experiment import METHOD_BUILDERS, build_method, build_setup
 from fedtailor.fl.loop import Verdicts, accept, accept_evaluation, start
 from fedtailor.fl.records import Message
+from fedtailor.fl.registry import fedlag_bases, methods
 from fedtailor.privacy.ledger import PrivacyLedger
 
 IMAGE = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
@@ -33,12 +34,12 @@ COMPACT = ['data.dataset="mnist-5k"', "data.num_clients=5", "data.num_unseen=1",
            "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256", "method.hidden_dim=8",
            "method.privacy.batch_size=60", "method.privacy.epsilon=8"]
 CONFIGS: dict[str, list[str]] = {
-    **{n: [*IMAGE, f'method.name="{n}"'] for n in ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")},
+    **{n: [*IMAGE, f'method.name="{n}"'] for n in fedlag_bases()},  # every registered base
     "fedlag+fedper": [*IMAGE, 'method.name="fedper"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"],
     "compact dg-fp32 secure": [*COMPACT, 'method.variant="ours-dg"'],
     "compact lrsuq simulation": [*COMPACT, 'method.variant="ours-lrsuq"', 'method.privacy.randomness="simulation"'],
 }
-DPO = ("pfeddpo", "feddpo", "dpo-central")
+DPO = tuple(s.name for s in methods() if s.data == "preferences")
 
 
 @dataclasses.dataclass

@@ -74,8 +74,11 @@ class Experiment:
 def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
     """Every base with and without FedLAG (``top_k = 0`` is the base exactly), the fixed First/Middle/Last-K, and
     FedLAG scoring modules (a module's weight and bias as one layer; ``top_k = 1``: half of the DNN's two layers) at
-    both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``."""
-    bases = ("fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod")
+    both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``. The bases are every registered one that
+    FedLAG wraps (:func:`fedtailor.fl.registry.fedlag_bases`), so a new base is picked up."""
+    from fedtailor.fl.registry import fedlag_bases
+
+    bases = fedlag_bases()
     out = []
     for a in ("01", "10"):
         config = f"configs/fedlag/{prefix}-alpha{a}.toml"

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from importlib import resources
 from pathlib import Path
 
 from fedtailor.cli.checks import positive_int
 
 
 def default_config() -> Path:
-    """The embedded default config (the quick-start job)."""
-    return Path(str(resources.files("fedtailor") / "configs" / "quickstart.toml"))
+    """The embedded default config (the quick-start job): :func:`fedtailor.config.default_config`."""
+    from fedtailor.config import default_config
+
+    return default_config()
 
 
 def _run(args: argparse.Namespace) -> int:

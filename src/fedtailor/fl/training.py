@@ -45,12 +45,14 @@ def functional_sgd(
     generator: torch.Generator,
     aux: Params | None = None,
     momentum: float = 0.0,
+    project: Callable[[Params], Params] | None = None,
 ) -> tuple[Params, float]:
     """``epochs`` passes of minibatch SGD on ``loss_fn(params, aux, x_batch, y_batch)`` over the names in
     ``trainable`` (the others stay fixed), each pass in an order drawn from ``generator``; the last batch of a
     pass may be smaller. ``aux`` holds fixed per-client tensors the loss reads (a prox anchor, class counts).
-    Momentum (heavy ball, as ``torch.optim.SGD``) restarts from zero at every call. Returns new tensors (the
-    inputs are not modified) and the mean training loss over records."""
+    Momentum (heavy ball, as ``torch.optim.SGD``) restarts from zero at every call. ``project`` (projected SGD):
+    after every step, ``theta`` is updated with ``project(theta)`` (e.g. APFL's mixing weight clipped to
+    [0, 1]). Returns new tensors (the inputs are not modified) and the mean training loss over records."""
     if len(x) == 0:
         raise ValueError("local training got no records.")
     unknown = set(trainable) - set(params)
@@ -71,6 +73,8 @@ def functional_sgd(
             with torch.no_grad():
                 theta.update({n: live[n].detach() for n in names})
                 _sgd_update(theta, names, grads, velocity, lr=lr, momentum=momentum)
+                if project is not None:
+                    theta.update(project(theta))
             total += float(loss.detach()) * len(idx)
             count += len(idx)
     return theta, total / count
@@ -89,6 +93,7 @@ def batched_sgd(
     generators: list[torch.Generator],
     aux: Params | None = None,
     momentum: float = 0.0,
+    project: Callable[[Params], Params] | None = None,
 ) -> tuple[Params, list[float]]:
     """:func:`functional_sgd` of ``C`` clients at once: ``params`` and ``aux`` are stacked along a leading client
     axis, client ``c`` has records ``(xs[c], ys[c])`` and batch order from ``generators[c]`` (so each client sees
@@ -135,6 +140,8 @@ def batched_sgd(
             grads, loss = step_fn(live, frozen, {n: t[:a] for n, t in aux_s.items()}, x_all[idx], y_all[idx])
             with torch.no_grad():
                 _sgd_update(theta, names, grads, velocity, lr=lr, momentum=momentum, rows=slice(0, a))
+                if project is not None:  # elementwise and idempotent: the clients that did not step keep theirs
+                    theta.update(project(theta))
             totals[:a] += loss.detach().double() * batch_size
         rest = [sizes[c] - full_s[j] * batch_size for j, c in enumerate(perm)]
         for r in sorted(set(rest) - {0}):
@@ -145,6 +152,8 @@ def batched_sgd(
             grads, loss = step_fn(live, frozen, {n: t[rows] for n, t in aux_s.items()}, x_all[idx], y_all[idx])
             with torch.no_grad():
                 _sgd_update(theta, names, grads, velocity, lr=lr, momentum=momentum, rows=rows)
+                if project is not None:
+                    theta.update(project(theta))
             totals[rows] += loss.detach().double() * r
     means = (totals / (epochs * torch.tensor([sizes[c] for c in perm], dtype=torch.float64, device=device)))
     return {n: t[inv.to(t.device)] for n, t in theta.items()}, means[inv.to(device)].tolist()

@@ -38,8 +38,7 @@ log = logging.getLogger(__name__)
 
 @lru_cache(maxsize=4)
 def _build(config: str, sets: str) -> tuple[Any, Any]:
-    from fedtailor.cli.run import default_config
-    from fedtailor.config import load_config
+    from fedtailor.config import default_config, load_config
     from fedtailor.experiment import build_method, build_setup
 
     cfg = load_config(config or default_config(), [s for s in sets.split(";") if s.strip()])

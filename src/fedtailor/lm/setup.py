@@ -1,5 +1,6 @@
 """From a validated config to the pieces of a preference run: the model, tokenized pairs per client, the
-schedule. The image path is :func:`fedtailor.experiment.build_setup`; this one is chosen for the DPO methods.
+schedule: the data kind ``"preferences"`` (:func:`fedtailor.fl.registry.register_data`), which the DPO methods
+run on; the image kind is :mod:`fedtailor.data.setup`.
 
 ``data.dataset``: ``"hh-rlhf"`` (the harmless-base file kept beside the project, else the hub's
 ``Anthropic/hh-rlhf`` through ``datasets``), ``"hh-rlhf:<path>"`` (a ``.jsonl[.gz]`` of that format) or
@@ -23,6 +24,7 @@ from fedtailor.config import RunConfig
 from fedtailor.data.datasets import DatasetNotAvailable
 from fedtailor.device import select_device
 from fedtailor.fl.records import ClientData
+from fedtailor.fl.registry import register_data
 from fedtailor.fl.schedule import uniform_schedule
 from fedtailor.lm.preference import (
     HH_FILE,
@@ -141,15 +143,4 @@ def build_preference_setup(cfg: RunConfig) -> PreferenceSetup:
     return PreferenceSetup(cfg=cfg, device=device, dataset=data, clients=clients, schedule=order, model=lm.model)
 
 
-def build_dpo_method(setup: PreferenceSetup):
-    from fedtailor.methods.pfeddpo import CentralizedDPO, PFedDPO
-
-    m = setup.cfg.method
-    kw = dict(model=setup.model, beta=m.beta, lr=m.lr, local_steps=m.local_steps, batch_size=m.batch_size,
-              grad_clip=m.grad_clip, seed=setup.cfg.seed, rounds=setup.cfg.federation.rounds, precision=m.precision,
-              lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, diagnostics_every=m.diagnostics_every,
-              diagnostic_pairs=m.diagnostic_pairs, spill_sum=m.spill_sum,
-              train_sizes={cid: len(d.train["chosen_ids"]) for cid, d in setup.clients.items()})
-    if m.name == "dpo-central":
-        return CentralizedDPO(pair_length=setup.cfg.data.max_length, **kw)
-    return PFedDPO(personal=m.name == "pfeddpo", **kw)
+register_data("preferences", build_setup=build_preference_setup, check_name=check_preference_name)

@@ -26,7 +26,7 @@ which voids the reported eps. A client checks every request against its own plan
 its scheduled rounds, one release per round) and refuses any other; a release that does not fit the fixed
 message size is replaced by a fixed-size abstention.
 
-The paper's variants are four axes of one method (``fedtailor.config.COMPACT_VARIANTS``): the generator
+The paper's variants are four axes of one method (:data:`COMPACT_VARIANTS`): the generator
 (factorized W h_psi(c), deep-linear W V c, direct a, radial, replay), the space (coefficient subspace or full
 d_theta), the context (private release or one public vector u0) and the codec of the release.
 """
@@ -42,20 +42,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 from torch import nn
 from torch.func import functional_call
 
 from fedtailor.codecs import CodecError, get_codec, release_key
 from fedtailor.codecs.format import abstention, fits, pad, unpad
-from fedtailor.config import CompactConfig
+from fedtailor.config import Section
 from fedtailor.data.context import context_sensitivity, release_context
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import Abstained, ClientData, InvalidMessage, Message, Metrics, RequestRefused
+from fedtailor.fl.registry import register_method
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
 from fedtailor.models.layerwise import LayerKroneckerSubspace
@@ -64,6 +66,107 @@ from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
 from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
 from fedtailor.rng import derive_key, derive_seed, fresh_key, torch_generator
+
+
+class PrivacyConfig(Section):
+    """Record-level central DP of the compact-adaptation releases (docs/privacy.md)."""
+
+    epsilon: float = Field(16.0, gt=0, description="target eps; inf trains without noise (sigma = 0)")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    conversion: Literal["closed-form", "balle", "exact"] = "closed-form"
+    clip: float = Field(1.0, gt=0, description="C_g, per-record clipping norm of coefficient gradients")
+    batch_size: int = Field(333, ge=1, description="m_g, records per coefficient-gradient release")
+    randomness: Literal["secure", "simulation"] = Field(
+        "secure", description="where noise and codec keys come from: 'secure' = 256-bit keys from OS entropy drawn "
+        "by each client (not reproducible); 'simulation' = derived from the seed (reproducible; whoever has the "
+        "config can regenerate the noise, so eps holds only while the seed is secret)")
+    sigma: float | None = Field(
+        None, gt=0, description="fixed noise scale instead of calibrating it from epsilon; a schedule that would "
+        "exceed epsilon with it is refused before anything is released")
+
+
+# Paper names (Table 1 and the geometry controls) -> settings of the four axes.
+COMPACT_VARIANTS: dict[str, dict[str, str]] = {
+    "ours-dg": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+    "ours-lrsuq": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "lrsuq"},
+    "dg-q12": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-q12"},
+    "deeplin-dg": {"generator": "deeplin", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+    "full-dg": {"generator": "factorized", "space": "full", "context": "private", "codec": "dg-fp32"},
+    "global": {"generator": "direct", "space": "full", "context": "public", "codec": "dg-fp32"},
+    "direct": {"generator": "direct", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "deeplin": {"generator": "deeplin", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "factorized": {"generator": "factorized", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "radial": {"generator": "radial", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "replay": {"generator": "replay", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
+    "factorized-ctx": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+}
+
+
+class CompactConfig(Section):
+    """Compact adaptation (docs/compact.md): a_i = W h_psi(c~_i), theta_i = theta_ref + P a_i. ``variant`` names one of
+    the paper's variants and fills the four axes (generator, space, context, codec); explicit axes must agree."""
+
+    name: Literal["compact"] = "compact"
+    variant: Literal[tuple(COMPACT_VARIANTS)] | None = None  # type: ignore[valid-type]
+    generator: Literal["factorized", "deeplin", "direct", "radial", "replay"] = "factorized"
+    space: Literal["coefficient", "full"] = "coefficient"
+    context: Literal["private", "public"] = "private"
+    codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq"] = "dg-fp32"
+    coder: Literal["ans", "elias"] = Field("ans", description="entropy coder of the layered/lrsuq codecs")
+    block_size: int = Field(4, ge=1, le=8, description="b, LRSUQ block size")
+    lattice: Literal["Z", "D4"] = Field("Z", description="LRSUQ lattice (D4 needs block_size 4)")
+    model: Literal["lenet", "mlp"] = "lenet"
+    coef_dim: int = Field(16_384, ge=1, description="k, dimension of the coefficient subspace")
+    hidden_dim: int = Field(100, ge=1, description="r, hidden dimension of h_psi")
+    lr: float = Field(0.1, gt=0, description="eta, server SGD step (0.1 MNIST, 0.2 CIFAR-10 in the paper)")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "cosine", description="eta_t = eta (constant) or eta (1 + cos(pi (t - 1) / R)) / 2 over the R rounds (cosine; "
+        "chosen with lr 0.1 on a validation split, docs/compact.md)")
+    init_gain: float | None = Field(
+        None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)")
+    subspace_stages: int = Field(2, ge=1, le=4)
+    subspace_transform: Literal["layer-kronecker", "kronecker", "blocked-dct", "dct"] = Field(
+        "blocked-dct", description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
+        "(coefficient gradients straight from activations and errors), Kronecker factors over the whole parameter "
+        "grid, or a fast DCT")
+    replay_from: str | None = Field(None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses")
+    padding: bool = Field(
+        True, description="pad variable-length releases (lrsuq, layered) to one fixed length set from public inputs, "
+        "so that message sizes reveal nothing about the data (off: sizes depend on ||u|| and the run's eps is void)")
+    pad_bytes: int | None = Field(None, ge=64, description="the padded message size (default: from public probes)")
+    diagnostics: bool = Field(
+        False, description="clients also report the realised noise norm, clip fraction, message size and coding "
+        "time: each is outside the DP guarantee, so a run with diagnostics reports its eps as void")
+    privacy: PrivacyConfig = PrivacyConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_variant(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("variant") is None:
+            return data
+        preset = COMPACT_VARIANTS.get(data["variant"])
+        if preset is None:
+            return data  # the Literal check reports the allowed names
+        for axis, value in preset.items():
+            if axis in data and data[axis] != value:
+                raise ValueError(
+                    f"variant {data['variant']!r} sets {axis}={value!r} but {axis}={data[axis]!r} was given; "
+                    f"drop one of them (or set variant to none to choose every axis yourself)."
+                )
+        return {**data, **preset}
+
+    @model_validator(mode="after")
+    def _check(self) -> CompactConfig:
+        if self.codec in ("lrsuq", "layered", "dg-q12") and self.privacy.epsilon == float("inf"):
+            raise ValueError(f"codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use dg-fp32.")
+        if self.generator == "replay" and not self.replay_from:
+            raise ValueError("generator 'replay' needs replay_from = the run directory of a 'factorized' run.")
+        if self.privacy.sigma is not None and self.privacy.epsilon == float("inf"):
+            raise ValueError("method.privacy.sigma fixes the noise of a private run: give a finite epsilon target too "
+                             "(the schedule is checked against it), or drop sigma for a run without noise.")
+        if self.space == "full" and self.codec != "dg-fp32":
+            raise ValueError("the full-space variants release dense full-model gradients: use codec dg-fp32.")
+        return self
 
 log = logging.getLogger(__name__)
 
@@ -708,3 +811,14 @@ def _load_replay_gains(run_dir: str | None, rounds: int) -> list[float]:
         raise ValueError(f"replay_from: {path} has h_norm2 for {sum(g is not None for g in gains)} rounds, need {rounds}; "
                          "use a finished 'factorized' run with the same number of rounds.")
     return [float(g) for g in gains[:rounds]]
+
+
+def build_compact(setup: Any) -> CompactAdaptation:
+    """Compact adaptation on an image setup (:class:`fedtailor.data.setup.ImageSetup`)."""
+    m = setup.cfg.method
+    return CompactAdaptation(cfg=m, model_fn=setup.model_fn(m.model), input_shape=setup.dataset.input_shape,
+                             schedule=setup.schedule, seen=list(setup.partition.seen), seed=setup.cfg.seed,
+                             device=setup.device, context_size=setup.cfg.data.context_size)
+
+
+register_method("compact", config=CompactConfig, build=build_compact, family="compact", data="images")

@@ -12,10 +12,18 @@ at 0, which removes the coupling).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import ClientBatch, LocalTraining, Params, prox_term
+from fedtailor.methods.pfl import ClientBatch, LocalSGDConfig, LocalTraining, Params, prox_term, register_base
+
+
+class DittoConfig(LocalSGDConfig):
+    name: Literal["ditto"] = "ditto"
+    lam: float = Field(0.1, ge=0, description="lambda, prox weight of the personal model to the global one")
+    personal_epochs: int = Field(1, ge=1, description="epochs on the personal model per round")
 
 
 class Ditto(LocalTraining):
@@ -42,3 +50,6 @@ class Ditto(LocalTraining):
 
     def predict(self, theta: Params, extra: Params, *, data: ClientData, final: bool) -> tuple[Params, Params]:
         return extra, extra
+
+
+register_base(DittoConfig, Ditto, ("lam", "personal_epochs"))

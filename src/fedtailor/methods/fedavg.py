@@ -9,8 +9,17 @@ Every parameter is shared (the protocol is :mod:`fedtailor.methods.pfl`'s with a
 
 from __future__ import annotations
 
-from fedtailor.methods.pfl import LocalTraining
+from typing import Literal
+
+from fedtailor.methods.pfl import LocalSGDConfig, LocalTraining, register_base
+
+
+class FedAvgConfig(LocalSGDConfig):
+    name: Literal["fedavg"] = "fedavg"
 
 
 class FedAvg(LocalTraining):
     name = "fedavg"
+
+
+register_base(FedAvgConfig, FedAvg)

@@ -9,11 +9,18 @@ setting; the fine-tuned model is evaluated and not kept). Earlier evaluations sh
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import ClientBatch, LocalTraining, Params
+from fedtailor.methods.pfl import ClientBatch, LocalSGDConfig, LocalTraining, Params, register_base
 from fedtailor.models.parts import head_names
+
+
+class FedBABUConfig(LocalSGDConfig):
+    name: Literal["fedbabu"] = "fedbabu"
+    finetune_epochs: int = Field(10, ge=0, description="whole-model fine-tuning before the final evaluation")
 
 
 class FedBABU(LocalTraining):
@@ -35,3 +42,6 @@ class FedBABU(LocalTraining):
             return theta, extra
         tuned, _ = self.sgd(theta, data, self.rounds + 1, epochs=self.finetune_epochs, tag=("finetune",))
         return tuned, extra
+
+
+register_base(FedBABUConfig, FedBABU, ("finetune_epochs",))

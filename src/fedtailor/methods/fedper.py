@@ -7,8 +7,14 @@ model's declared head, :mod:`fedtailor.models.parts`) stay on the client.
 
 from __future__ import annotations
 
-from fedtailor.methods.pfl import LocalTraining
+from typing import Literal
+
+from fedtailor.methods.pfl import LocalSGDConfig, LocalTraining, register_base
 from fedtailor.models.parts import head_names
+
+
+class FedPerConfig(LocalSGDConfig):
+    name: Literal["fedper"] = "fedper"
 
 
 class FedPer(LocalTraining):
@@ -17,3 +23,6 @@ class FedPer(LocalTraining):
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
         self.own_personal = head_names(self.model)
+
+
+register_base(FedPerConfig, FedPer)

@@ -11,10 +11,17 @@ which is FedAvg).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import ClientBatch, LocalTraining, Params, prox_term
+from fedtailor.methods.pfl import ClientBatch, LocalSGDConfig, LocalTraining, Params, prox_term, register_base
+
+
+class FedProxConfig(LocalSGDConfig):
+    name: Literal["fedprox"] = "fedprox"
+    mu: float = Field(0.01, ge=0, description="proximal weight: grad F_i(w) + mu (w - w_received)")
 
 
 class FedProx(LocalTraining):
@@ -31,3 +38,6 @@ class FedProx(LocalTraining):
 
         theta, value = self.sgd(theta, data, rnd, loss=loss, aux={n: t.detach() for n, t in received.items()})
         return theta, extra, value
+
+
+register_base(FedProxConfig, FedProx, ("mu",))

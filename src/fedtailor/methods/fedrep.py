@@ -8,11 +8,18 @@ PFLlib runs it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import ClientBatch, LocalTraining, Params
+from fedtailor.methods.pfl import ClientBatch, LocalSGDConfig, LocalTraining, Params, register_base
 from fedtailor.models.parts import head_names
+
+
+class FedRepConfig(LocalSGDConfig):
+    name: Literal["fedrep"] = "fedrep"
+    head_epochs: int = Field(1, ge=1, description="epochs on the head (body frozen) before the body epochs")
 
 
 class FedRep(LocalTraining):
@@ -29,3 +36,6 @@ class FedRep(LocalTraining):
         theta, _ = self.sgd(theta, data, rnd, trainable=self.own_personal, epochs=self.head_epochs, tag=("head",))
         theta, loss = self.sgd(theta, data, rnd, trainable=self.body)
         return theta, extra, loss
+
+
+register_base(FedRepConfig, FedRep, ("head_epochs",))

@@ -12,15 +12,26 @@ rate since the gradients do not mix). A client predicts ``z_g + phi_i(r)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import ClientBatch, LocalTraining, Params, per_client
+from fedtailor.methods.pfl import (
+    ClientBatch,
+    LocalSGDConfig,
+    LocalTraining,
+    Params,
+    per_client,
+    register_base,
+)
 from fedtailor.models.parts import head_module, head_names
+
+
+class FedRoDConfig(LocalSGDConfig):
+    name: Literal["fedrod"] = "fedrod"
 
 
 class FedRoD(LocalTraining):
@@ -73,3 +84,6 @@ class FedRoD(LocalTraining):
     def eval_logits(self, params: Params, extra: Params, x: torch.Tensor) -> torch.Tensor:
         rep, z_g = self._forward(params, x)
         return z_g + self._personal(extra, rep)
+
+
+register_base(FedRoDConfig, FedRoD)

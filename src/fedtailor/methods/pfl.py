@@ -33,15 +33,81 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 from torch.func import functional_call
 
+from fedtailor.config import Section
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
+from fedtailor.fl.registry import MethodSpec, register_method
+from fedtailor.fl.setup import train_sizes
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
 from fedtailor.rng import torch_generator
 
 Params = dict[str, torch.Tensor]
+
+
+class FedLAGConfig(Section):
+    """FedLAG around the method it sits in (docs/fedlag.md): conflicting layers become personal."""
+
+    top_k: int = Field(2, ge=0, description="layers made personal after the warm-up")
+    xi: float = Field(0.0, ge=-1, le=1, description="a client pair conflicts on a layer when its cosine is < xi")
+    warmup: int | None = Field(None, ge=0, description="scoring rounds before the choice (default min(rounds/2, 30))")
+    unit: Literal["tensor", "module"] = Field("tensor", description="a layer is one tensor or one module's weight+bias")
+    update: Literal["delta", "gradient"] = Field("delta", description="round delta or last-minibatch gradient")
+    rechoose: bool = Field(False, description="keep scoring after the warm-up and re-choose every round")
+    choice: Literal["conflict", "first", "middle", "last"] = Field(
+        "conflict", description="top-k by conflict score, or a fixed First/Middle/Last-K for comparison")
+    cap: int | None = Field(
+        None, ge=1, description="robust score: no client takes part in more than cap of a layer's counted "
+        "conflicting pairs in a round, so one client moves a score by at most cap (docs/fedlag.md); none: "
+        "the paper's plain pair count")
+
+
+class LocalSGDConfig(Section):
+    """Options every parameter-sharing method has (docs/pfl.md); a base's config model adds its ``name``
+    and its own options."""
+
+    model: Literal["lenet", "mlp", "dnn", "fedavgcnn"] = "lenet"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    vectorize: bool | Literal["auto"] = Field(
+        "auto", description="run the clients of a round together (torch.func.vmap over stacked client models); "
+        "false: one client after another (same results to float rounding); auto: together except convolutional "
+        "models on the CPU, where it is slower (docs/pfl.md)")
+    update_bound: float | None = Field(
+        None, gt=0, description="bound on the norm of each client's shared update theta_i - theta_g (none: off); "
+        "a longer update is rejected or clipped (update_bound_mode), which bounds one client's influence")
+    update_bound_mode: Literal["reject", "clip"] = "reject"
+    fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
+
+
+def register_base(config: type[LocalSGDConfig], method: Callable[..., LocalTraining], options: tuple[str, ...] = (),
+                  *, fedlag: bool = True) -> MethodSpec:
+    """Register a parameter-sharing base: its name is ``config``'s ``name`` default, its builder calls
+    ``method(**common, **{o: cfg.o for o in options})`` with the options every base has, and wraps it in
+    FedLAG when the config has a ``[method.fedlag]`` section (``fedlag``: FedLAG can wrap it)."""
+    name = config.model_fields["name"].default
+
+    def build(setup: Any) -> Method:
+        m = setup.cfg.method
+        base = method(model_fn=setup.model_fn(m.model), lr=m.lr, local_epochs=m.local_epochs,
+                      batch_size=m.batch_size, momentum=m.momentum, seed=setup.cfg.seed, device=setup.device,
+                      rounds=setup.cfg.federation.rounds, vectorize=m.vectorize, train_sizes=train_sizes(setup.clients),
+                      update_bound=m.update_bound, update_bound_mode=m.update_bound_mode,
+                      **{o: getattr(m, o) for o in options})
+        if m.fedlag is None:
+            return base
+        from fedtailor.methods.fedlag import FedLAG
+
+        f = m.fedlag
+        return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update,
+                      rechoose=f.rechoose, choice=f.choice, cap=f.cap)
+
+    return register_method(name, config=config, build=build, family="pfl", data="images", fedlag=fedlag)
 
 
 @dataclass
@@ -146,11 +212,12 @@ class LocalTraining(Method[SharedState, PersonalState]):
 
     def sgd(self, theta: Params, data: ClientData | ClientBatch, rnd: int, *, trainable: frozenset[str] | None = None,
             epochs: int | None = None, loss: LossFn | None = None, aux: Params | None = None,
-            tag: tuple[Any, ...] = ()) -> tuple[Params, Any]:
+            tag: tuple[Any, ...] = (), project: Callable[[Params], Params] | None = None) -> tuple[Params, Any]:
         """SGD of one client, or of a :class:`ClientBatch` at once (``theta`` and ``aux`` then stacked along a
         leading client axis; the loss is written for one client either way)."""
         kw = dict(trainable=self.names if trainable is None else trainable, aux=aux, batch_size=self.batch_size,
-                  epochs=self.local_epochs if epochs is None else epochs, lr=self.lr, momentum=self.momentum)
+                  epochs=self.local_epochs if epochs is None else epochs, lr=self.lr, momentum=self.momentum,
+                  project=project)
         if isinstance(data, ClientBatch):
             return batched_sgd(loss or self.ce_loss, theta, [d.train[0] for d in data.clients],
                                [d.train[1] for d in data.clients],

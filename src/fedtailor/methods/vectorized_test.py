@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedtailor.fl.registry import fedlag_bases
 from fedtailor.fl.training import batched_sgd, functional_sgd
 from fedtailor.methods.fedlag_test import _run
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedper", "fedrep", "fedbabu", "ditto", "fedrod"])
+@pytest.mark.parametrize("method", fedlag_bases())  # every registered base
 def test_vectorized_and_per_client_paths_give_the_same_models(method):
     extra = ["method.local_epochs=2", "method.momentum=0.5", "method.fedlag.top_k=1", "method.fedlag.warmup=2"]
     _, _, fast = _run(method, *extra)
