@@ -128,16 +128,24 @@ def load_builtin() -> None:
             _loaded = True
 
 
+def _ordered() -> list[tuple[str, MethodSpec]]:
+    """The registered methods, built-in ones first in :data:`BUILTIN_MODULES` order, then the others in
+    registration order: the same order whatever imported a method module first."""
+    rank = {m: i for i, m in enumerate(BUILTIN_MODULES)}
+    items = list(_METHODS.items())
+    return sorted(items, key=lambda kv: (rank.get(kv[1].config.__module__, len(rank)), items.index(kv)))
+
+
 def method_names() -> tuple[str, ...]:
-    """Every registered method, in registration order (the built-in ones first)."""
+    """Every registered method, the built-in ones first (in :data:`BUILTIN_MODULES` order)."""
     load_builtin()
-    return tuple(_METHODS)
+    return tuple(n for n, _ in _ordered())
 
 
 def fedlag_bases() -> tuple[str, ...]:
     """The parameter-sharing bases FedLAG wraps, in registration order."""
     load_builtin()
-    return tuple(n for n, s in _METHODS.items() if s.fedlag)
+    return tuple(n for n, s in _ordered() if s.fedlag)
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -146,7 +154,7 @@ def method_spec(name: str) -> MethodSpec:
     try:
         return _METHODS[name]
     except KeyError:
-        raise KeyError(f"unknown method {name!r}; registered: {', '.join(_METHODS)}.") from None
+        raise KeyError(f"unknown method {name!r}; registered: {', '.join(method_names())}.") from None
 
 
 def is_method(name: object) -> bool:
@@ -164,7 +172,7 @@ def data_spec(kind: str) -> DataSpec:
 
 def methods() -> Iterator[MethodSpec]:
     load_builtin()
-    return iter(list(_METHODS.values()))
+    return iter([spec for _, spec in _ordered()])
 
 
 def create_method(setup: Setup) -> Method:
