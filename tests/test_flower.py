@@ -4,7 +4,6 @@ SuperNodes as separate processes on loopback) that ends where the in-process loo
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,11 +15,10 @@ import torch
 
 pytest.importorskip("flwr")
 
-from conftest import TINY_TOML  # noqa: E402
-
-from fedtailor.fl.records import Message  # noqa: E402
-from fedtailor.fl.registry import fedlag_bases, methods  # noqa: E402
-from fedtailor.flower.records import from_records, state_from_bytes, state_to_bytes, to_records  # noqa: E402
+from conftest import TINY_TOML
+from fedtailor.fl.records import Message
+from fedtailor.fl.registry import fedlag_bases, methods
+from fedtailor.flower.records import from_records, state_from_bytes, state_to_bytes, to_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +35,7 @@ def test_messages_and_client_state_survive_the_flower_records():
     assert again["step"] == 4 and torch.equal(again["adapter"]["a"], state["adapter"]["a"])
 
 
-def _free_port() -> int:  # noqa: D103
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -60,7 +58,7 @@ class Federation:
         self.procs: list[subprocess.Popen] = []
         self.node_logs: list[Path] = []
 
-    def __enter__(self) -> "Federation":
+    def __enter__(self) -> Federation:
         self.procs.append(subprocess.Popen([self.bin / "flower-superlink", "--insecure",
                                             "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                                             "--port", str(self.link)], env=self.env, stdout=subprocess.DEVNULL,
@@ -196,20 +194,9 @@ def _history(run_dir: Path) -> list[dict]:
 def _through_records(method, setup):
     """The adapter's server and client logic with an in-process transport: every message and reply crosses
     the Flower records, and every client state crosses bytes, as on real nodes."""
-    from fedtailor.flower.apps import drive, handle
+    from fedtailor.flower.apps import drive_through_records
 
-    states: dict[int, bytes] = {}
-
-    def exchange(kind, msgs):
-        out = {}
-        for cid, msg in msgs.items():
-            state = state_from_bytes(states[cid]) if cid in states else method.init_client(cid)
-            reply, state = handle(kind, from_records(to_records(msg)), state, method, setup.clients[cid])
-            states[cid] = state_to_bytes(state)
-            out[cid] = reply if kind == "evaluate" else from_records(to_records(reply))
-        return out
-
-    return drive(method, setup, exchange)
+    return drive_through_records(method, setup)
 
 
 IMAGE = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
@@ -247,7 +234,7 @@ def test_the_adapter_logic_ends_where_the_in_process_loop_ends(name):
     assert set(evaluation) == set(local.evaluation)
     for cid, m in local.evaluation.items():
         assert evaluation[cid]["accuracy"] == pytest.approx(m["accuracy"], abs=0.05)
-    flat = lambda s: torch.cat([t.reshape(-1).float() for t in _tensors(s)])  # noqa: E731
+    flat = lambda s: torch.cat([t.reshape(-1).float() for t in _tensors(s)])
     torch.testing.assert_close(flat(server), flat(local.state.server), rtol=1e-4, atol=1e-5)
 
 
@@ -273,9 +260,9 @@ def test_pfeddpo_through_the_flower_records_keeps_adapters_on_the_nodes():
 
     import numpy as np
 
+    from fedtailor.lm.model import tiny_llama
     from fedtailor.methods.pfeddpo import PFedDPO
     from fedtailor.methods.pfeddpo_test import _clients
-    from fedtailor.lm.model import tiny_llama
 
     method = PFedDPO(model=tiny_llama(seed=3), personal=True, beta=0.5, lr=3e-3, local_steps=2, batch_size=4,
                      grad_clip=1.0, seed=0, rounds=2, lora_rank=2, lora_alpha=4)

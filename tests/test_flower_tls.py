@@ -143,11 +143,13 @@ class SecureFederation(Federation):
              str(p["cert"]), "--ssl-keyfile", str(p["key"]), "--enable-supernode-auth",
              "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(self.link)],
             env=self.env, stdout=self.link_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.time() + 120
-        while not self.https_health():
-            alive = self.procs[0].poll() is None
-            assert alive and time.time() < deadline, "no TLS SuperLink:\n" + self.logs()
+        for _ in range(240):  # up to about two minutes for the SuperLink to answer over TLS
+            if self.https_health():
+                break
+            assert self.procs[0].poll() is None, "the TLS SuperLink exited:\n" + self.logs()
             time.sleep(0.5)
+        else:
+            raise AssertionError("no TLS SuperLink:\n" + self.logs())
         for name in self.names:  # the operator registers each node's public key once
             reg = self.flwr("supernode", "register", str(p[f"{name}.pub"]), "deploy", "--format", "json")
             assert reg.returncode == 0, f"register {name}: {reg.stdout}{reg.stderr}\n{self.logs()}"

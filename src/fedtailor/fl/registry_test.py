@@ -102,23 +102,9 @@ def test_the_toy_through_the_flower_adapter_ends_where_the_in_process_loop_ends(
 
 
 def _through_records(method: Any, setup: Any) -> Any:
-    """The Flower adapter's server and client halves (``fedtailor.flower.apps``) with an in-process transport:
-    every message crosses the Flower records and every client state crosses bytes, as on real nodes."""
-    from fedtailor.flower.apps import drive, handle
-    from fedtailor.flower.records import from_records, state_from_bytes, state_to_bytes, to_records
+    from fedtailor.flower.apps import drive_through_records
 
-    states: dict[int, bytes] = {}
-
-    def exchange(kind: str, msgs: dict[int, Any]) -> dict[int, Any]:
-        out = {}
-        for cid, msg in msgs.items():
-            state = state_from_bytes(states[cid]) if cid in states else method.init_client(cid)
-            reply, state = handle(kind, from_records(to_records(msg)), state, method, setup.clients[cid])
-            states[cid] = state_to_bytes(state)
-            out[cid] = reply if kind == "evaluate" else from_records(to_records(reply))
-        return out
-
-    return drive(method, setup, exchange)
+    return drive_through_records(method, setup)
 
 
 def test_the_registry_is_the_one_source_of_names(toy):
