@@ -25,7 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from test_flower import Federation, _free_port, _wait_for
+from test_flower import Federation, _free_port, _history, _wait_for
 
 from conftest import TINY_TOML
 
@@ -221,7 +221,7 @@ def test_a_tls_superlink_runs_registered_supernodes_and_refuses_the_others(tmp_p
         # the SuperLink knows the registered nodes (online, under the ids their registration gave), no other
         listed = fed.listed()
         assert listed == dict.fromkeys(fed.node_ids, "online"), f"{listed} vs {fed.node_ids}\n{fed.logs()}"
-    results = json.loads((out / "results.json").read_text())
-    assert len(results["history"]) == ROUNDS
-    assert all(h["lost"] == [] and h["rejected"] == 0 and "loss" in h for h in results["history"])
-    assert sorted(results["per_client"]) == [str(c) for c in range(CLIENTS)]
+    results, history = json.loads((out / "results.json").read_text()), _history(out)
+    assert results["rounds_completed"] == len(history) == ROUNDS
+    assert all(h["lost"] == [] and h["rejected"] == 0 and "loss" in h for h in history)
+    assert sorted(r["client"] for r in results["per_client"]) == list(range(CLIENTS))
