@@ -73,7 +73,7 @@ def time_steps(model, tokens, ref, *, steps: int, precision: str, naive_ref=None
 def round_time(n: int, *, diagnostics: bool, threads: int, precision: str, spill: bool = False) -> dict[str, float]:
     """One pFedDPO round (setup excluded) of n clients x 3 steps; run in-process."""
     from fedtailor.fl.loop import InProcess, _fit_round, start
-    from fedtailor.methods.pfeddpo import PFedDPO
+    from fedtailor.methods.dpo.pfeddpo import PFedDPO
 
     torch.set_num_threads(threads)
     lm = load_causal_lm("smollm2")

@@ -1,5 +1,5 @@
 """How far one adversarial client moves FedLAG's choice of personal layers: the plain pair count (the paper's)
-against the capped score (``method.fedlag.cap``, :func:`fedtailor.methods.fedlag.capped_conflicts`).
+against the capped score (``method.fedlag.cap``, :func:`fedtailor.methods.pfl.fedlag.capped_conflicts`).
 
 Setup: ``configs/fedlag/mnist-dnn-alpha01.toml`` (real MNIST, DNN, FedAvg base, 20 clients, all of them every
 round, per-class Dirichlet alpha 0.1, batch 16, lr 0.005, top_k = 2) with a short warm-up: ``--warmup`` rounds
@@ -44,8 +44,8 @@ from fedtailor.config import load_config
 from fedtailor.experiment import Setup, build_method, build_setup
 from fedtailor.fl.loop import run_federated
 from fedtailor.fl.records import ClientData, Message
-from fedtailor.methods.fedlag import FedLAG, LagState, capped_count, conflict_matrix
-from fedtailor.methods.pfl import PersonalState
+from fedtailor.methods.pfl.fedlag import FedLAG, LagState, capped_count, conflict_matrix
+from fedtailor.methods.pfl.local import PersonalState
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "fedlag" / "mnist-dnn-alpha01.toml"

@@ -30,7 +30,7 @@ from harness import report  # noqa: E402
 
 from fedtailor.config import load_config  # noqa: E402
 from fedtailor.experiment import build_method, build_setup  # noqa: E402
-from fedtailor.methods.fedlag import conflict_counts  # noqa: E402
+from fedtailor.methods.pfl.fedlag import conflict_counts  # noqa: E402
 from fedtailor.models.parts import layer_units  # noqa: E402
 
 

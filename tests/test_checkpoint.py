@@ -65,8 +65,8 @@ def test_pfeddpo_resumes_exactly_with_its_adapters_and_their_optimizer_state(tmp
     import numpy as np
 
     from fedtailor.lm.model import tiny_llama
-    from fedtailor.methods.pfeddpo import PFedDPO
-    from fedtailor.methods.pfeddpo_test import _clients
+    from fedtailor.methods.dpo.pfeddpo import PFedDPO
+    from fedtailor.methods.dpo.pfeddpo_test import _clients
 
     def method():
         return PFedDPO(model=tiny_llama(seed=3), personal=personal, beta=0.5, lr=3e-3, local_steps=2, batch_size=4,

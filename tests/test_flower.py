@@ -261,8 +261,8 @@ def test_pfeddpo_through_the_flower_records_keeps_adapters_on_the_nodes():
     import numpy as np
 
     from fedtailor.lm.model import tiny_llama
-    from fedtailor.methods.pfeddpo import PFedDPO
-    from fedtailor.methods.pfeddpo_test import _clients
+    from fedtailor.methods.dpo.pfeddpo import PFedDPO
+    from fedtailor.methods.dpo.pfeddpo_test import _clients
 
     method = PFedDPO(model=tiny_llama(seed=3), personal=True, beta=0.5, lr=3e-3, local_steps=2, batch_size=4,
                      grad_clip=1.0, seed=0, rounds=2, lora_rank=2, lora_alpha=4)
@@ -364,9 +364,9 @@ def test_a_stored_client_state_is_loaded_only_when_it_is_state(tmp_path, monkeyp
     the methods (pFL, compact adaptation, pFedDPO with its adapter and AdamW moments) come back equal."""
     from fedtailor.fl.loop import run_federated
     from fedtailor.flower.records import UnsafeClientState
-    from fedtailor.methods.compact import CompactClient
-    from fedtailor.methods.pfeddpo import DPOClient
-    from fedtailor.methods.pfl import PersonalState
+    from fedtailor.methods.compact.adaptation import CompactClient
+    from fedtailor.methods.dpo.pfeddpo import DPOClient
+    from fedtailor.methods.pfl.local import PersonalState
 
     personal = PersonalState(params={"w": torch.randn(3, 2)}, extra={"head": torch.randn(2)})
     back = state_from_bytes(state_to_bytes(personal))

@@ -76,8 +76,8 @@ def _image_case(name: str, phase: str) -> Case:
 def _dpo_case(name: str, phase: str) -> Case:
     pytest.importorskip("peft")
     from fedtailor.lm.model import tiny_llama
-    from fedtailor.methods.pfeddpo import CentralizedDPO, PFedDPO
-    from fedtailor.methods.pfeddpo_test import _clients
+    from fedtailor.methods.dpo.pfeddpo import CentralizedDPO, PFedDPO
+    from fedtailor.methods.dpo.pfeddpo_test import _clients
 
     clients = _clients(n=3)
     sizes = {c: len(d.train["chosen_ids"]) for c, d in clients.items()}

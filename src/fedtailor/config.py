@@ -264,9 +264,9 @@ def dump_config(cfg: RunConfig) -> str:
 
 
 # Names that lived here before each method declared its own config model (kept for existing imports).
-_MOVED = {"CompactConfig": "fedtailor.methods.compact", "PrivacyConfig": "fedtailor.methods.compact",
-          "COMPACT_VARIANTS": "fedtailor.methods.compact", "DPOConfig": "fedtailor.methods.pfeddpo",
-          "FedLAGConfig": "fedtailor.methods.pfl", "LocalSGDConfig": "fedtailor.methods.pfl"}
+_MOVED = {"CompactConfig": "fedtailor.methods.compact.adaptation", "PrivacyConfig": "fedtailor.methods.compact.adaptation",
+          "COMPACT_VARIANTS": "fedtailor.methods.compact.adaptation", "DPOConfig": "fedtailor.methods.dpo.pfeddpo",
+          "FedLAGConfig": "fedtailor.methods.pfl.local", "LocalSGDConfig": "fedtailor.methods.pfl.local"}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ from fedtailor.experiment import client_data
 from fedtailor.fl.loop import run_federated, summarize
 from fedtailor.fl.records import ClientData, InvalidMessage, Message
 from fedtailor.fl.schedule import participation_counts, uniform_schedule
-from fedtailor.methods.fedavg import FedAvg
+from fedtailor.methods.pfl.fedavg import FedAvg
 from fedtailor.models import build_model
 
 

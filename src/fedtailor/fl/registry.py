@@ -36,17 +36,17 @@ if TYPE_CHECKING:
 BUILTIN_MODULES = (
     "fedtailor.data.setup",
     "fedtailor.lm.setup",
-    "fedtailor.methods.compact",
-    "fedtailor.methods.fedavg",
-    "fedtailor.methods.fedprox",
-    "fedtailor.methods.fedper",
-    "fedtailor.methods.fedrep",
-    "fedtailor.methods.fedbabu",
-    "fedtailor.methods.ditto",
-    "fedtailor.methods.fedrod",
-    "fedtailor.methods.lgfedavg",
-    "fedtailor.methods.apfl",
-    "fedtailor.methods.pfeddpo",
+    "fedtailor.methods.compact.adaptation",
+    "fedtailor.methods.pfl.fedavg",
+    "fedtailor.methods.pfl.fedprox",
+    "fedtailor.methods.pfl.fedper",
+    "fedtailor.methods.pfl.fedrep",
+    "fedtailor.methods.pfl.fedbabu",
+    "fedtailor.methods.pfl.ditto",
+    "fedtailor.methods.pfl.fedrod",
+    "fedtailor.methods.pfl.lgfedavg",
+    "fedtailor.methods.pfl.apfl",
+    "fedtailor.methods.dpo.pfeddpo",
 )
 DEFAULT_METHOD = "compact"
 

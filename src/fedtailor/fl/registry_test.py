@@ -15,7 +15,7 @@ from fedtailor.config import ConfigError, load_config
 from fedtailor.fl import registry
 from fedtailor.fl.records import ClientData
 from fedtailor.fl.setup import train_sizes
-from fedtailor.methods.pfl import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
 
 
 class ToyConfig(LocalSGDConfig):

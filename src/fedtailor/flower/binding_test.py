@@ -44,7 +44,7 @@ def test_a_node_that_lies_about_its_partition_changes_nothing(monkeypatch):
     pytest.importorskip("flwr")
     from fedtailor.flower.apps import drive
     from fedtailor.flower.records import from_records, to_records
-    from fedtailor.methods.compact_privacy_test import SECURE, build
+    from fedtailor.methods.compact.privacy_test import SECURE, build
 
     setup, method = build(SECURE, "federation.rounds=1")
     binding = NodeBinding.from_claims([(100 + c, c) for c in setup.clients], clients=len(setup.clients))

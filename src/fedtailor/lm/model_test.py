@@ -75,7 +75,7 @@ def test_one_pfeddpo_round_on_smollm2_uploads_only_the_base_and_fits_its_pairs(t
         shared_data_file,
         tokenize_pairs,
     )
-    from fedtailor.methods.pfeddpo import PFedDPO
+    from fedtailor.methods.dpo.pfeddpo import PFedDPO
 
     path = shared_data_file(*HH_FILE)
     if path is None:

@@ -4,14 +4,14 @@ Ramage, Hampson, Aguera y Arcas, 2017, arXiv:1602.05629).
 Clients run ``local_epochs`` of minibatch SGD from the global model; the server averages the returned models
 weighted by the clients' numbers of training records,
     theta_{t+1} = sum_{i in S_t} n_i theta_i^{t+1} / sum_{i in S_t} n_i.
-Every parameter is shared (the protocol is :mod:`fedtailor.methods.pfl`'s with an empty personal part).
+Every parameter is shared (the protocol is :mod:`fedtailor.methods.pfl.local`'s with an empty personal part).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from fedtailor.methods.pfl import LocalSGDConfig, LocalTraining, register_base
+from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining, register_base
 
 
 class FedAvgConfig(LocalSGDConfig):

@@ -16,9 +16,9 @@ from fedtailor.codecs.format import unpad
 from fedtailor.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import Abstained, InvalidMessage, Message, RequestRefused
-from fedtailor.methods.compact import CompactClient, release_norm_bound
-from fedtailor.methods.compact_privacy_test import SECURE, build
-from fedtailor.methods.compact_test import SMALL
+from fedtailor.methods.compact.adaptation import CompactClient, release_norm_bound
+from fedtailor.methods.compact.privacy_test import SECURE, build
+from fedtailor.methods.compact.adaptation_test import SMALL
 from fedtailor.privacy.noise import gaussian_noise
 from fedtailor.rng import derive_key
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import (
+from fedtailor.methods.pfl.local import (
     ClientBatch,
     LocalSGDConfig,
     LocalTraining,

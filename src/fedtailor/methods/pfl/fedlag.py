@@ -1,8 +1,9 @@
 """FedLAG (Federated Learning with Layer-wise Aggregation via Gradient Analysis), from *Towards Layer-Wise
 Personalized Federated Learning: Adaptive Layer Disentanglement via Conflicting Gradients*, as one wrapper
-around any parameter-sharing method of :mod:`fedtailor.methods.pfl` (FedAvg, FedProx, FedPer, FedRep, FedBABU,
-Ditto, FedRoD), in the shape of a strategy wrapper: the base method runs unchanged, the wrapper only decides
-which layers the base shares.
+around any parameter-sharing method of :mod:`fedtailor.methods.pfl.local` (FedAvg, FedProx, FedPer, FedRep, FedBABU,
+Ditto, FedRoD, LG-FedAvg, APFL), in the shape of a strategy wrapper: the base method runs unchanged, the wrapper
+only decides which layers the base shares. It uses the base through the Method interface and
+:data:`~fedtailor.methods.pfl.local.WRAPPER_API` only, and its summary includes the base's.
 
 Notation. Layers ``l`` are the model's parameter tensors or modules
 (:func:`fedtailor.models.parts.layer_units`); the *candidates* are the layers outside the base's own personal
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics
-from fedtailor.methods.pfl import LocalTraining, PersonalState, SharedState
+from fedtailor.methods.pfl.local import LocalTraining, PersonalState, SharedState
 from fedtailor.models.parts import LayerUnit, layer_units
 
 Choice = Literal["conflict", "first", "middle", "last"]
@@ -212,7 +213,7 @@ class FedLAG(Method[LagState, PersonalState]):
             raise InvalidMessage(f"reply must report updates of exactly {len(want)} layers' parameters; got "
                                  f"{sorted(got ^ want)[:5]} wrong.")
         for n in want:
-            reply.array(REPORT + n, shape=tuple(self.base.theta0[n].shape))
+            reply.array(REPORT + n, shape=tuple(self.base.shapes[n]))
         self.base.validate_reply(server.base, phase, rnd, cid, _without_reports(reply))
 
     def aggregate_fit(self, server: LagState, rnd: int,
@@ -294,6 +295,7 @@ class FedLAG(Method[LagState, PersonalState]):
         out = {"fedlag_candidates": names, "fedlag_scores": server.scores,
                "fedlag_personal": [names[j] for j in server.chosen], "fedlag_warmup": self.warmup,
                "fedlag_conflicts_per_round": server.per_round}
+        out = {**self.base.summary(server.base), **out}
         return out if self.cap is None else {**out, "fedlag_cap": self.cap}
 
 

@@ -17,7 +17,7 @@ from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import InvalidMessage, Message
 from fedtailor.fl.schedule import participation_counts
-from fedtailor.methods.compact import Generator
+from fedtailor.methods.compact.adaptation import Generator
 from fedtailor.privacy.accountant import make_accountant
 from fedtailor.privacy.calibrate import calibrate_sigma
 from fedtailor.runner import run_experiment

@@ -1,5 +1,5 @@
 """Personalized FL by parameter sharing: what FedAvg, FedProx, FedPer, FedRep, FedBABU, Ditto and FedRoD have in
-common, written once, and the seam the FedLAG wrapper (:mod:`fedtailor.methods.fedlag`) plugs into.
+common, written once, and the seam the FedLAG wrapper (:mod:`fedtailor.methods.pfl.fedlag`) plugs into.
 
 Notation. ``theta`` is a model's parameters by name (``named_parameters()`` order). The server holds one global
 value ``theta_g[n]`` for every name ``n``. A method has an *own personal part* ``O`` (e.g. the head of FedPer),
@@ -101,7 +101,7 @@ def register_base(config: type[LocalSGDConfig], method: Callable[..., LocalTrain
                       **{o: getattr(m, o) for o in options})
         if m.fedlag is None:
             return base
-        from fedtailor.methods.fedlag import FedLAG
+        from fedtailor.methods.pfl.fedlag import FedLAG
 
         f = m.fedlag
         return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update,
@@ -143,9 +143,19 @@ def per_client(data: ClientData | ClientBatch, fn: Callable[[ClientData], torch.
     return data.stack(fn) if isinstance(data, ClientBatch) else fn(data)
 
 
+#: What a wrapper (FedLAG) may use of the base it wraps, beyond the :class:`~fedtailor.fl.method.Method`
+#: interface: ``name``; ``rounds``; ``batch_size``; ``model`` (its module structure, for grouping parameters into
+#: layers; never its values); ``names`` (parameter names in order); ``shapes`` (name -> shape); ``own_personal``
+#: (the base's own personal part ``O``); :meth:`~LocalTraining.start_model` (a client's starting model from a
+#: message) and :meth:`~LocalTraining.logits`. Tested: FedLAG runs on a base that exposes nothing else.
+WRAPPER_API = frozenset({"name", "rounds", "batch_size", "model", "names", "shapes", "own_personal", "start_model",
+                         "logits"})
+
+
 class LocalTraining(Method[SharedState, PersonalState]):
     """Base of the parameter-sharing methods. Subclasses set ``name``, may set ``own_personal`` in ``__init__``
-    and override :meth:`local_program`, :meth:`init_extra` and :meth:`predict`."""
+    and override :meth:`local_program`, :meth:`init_extra` and :meth:`predict`. A wrapper uses only
+    :data:`WRAPPER_API` of it."""
 
     name = "local-training"
 
@@ -177,6 +187,7 @@ class LocalTraining(Method[SharedState, PersonalState]):
         self.vectorize = (not (convolutional and self.device.type == "cpu")) if vectorize == "auto" else bool(vectorize)
         self.theta0: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         self.names = tuple(self.theta0)
+        self.shapes = {n: t.shape for n, t in self.theta0.items()}
         self.own_personal: frozenset[str] = frozenset()
 
     # ----- what subclasses change ---------------------------------------------------------------------

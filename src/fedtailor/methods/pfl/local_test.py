@@ -9,14 +9,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedtailor.fl.records import ClientData, InvalidMessage, Message
-from fedtailor.methods.ditto import Ditto
-from fedtailor.methods.fedavg import FedAvg
-from fedtailor.methods.fedbabu import FedBABU
-from fedtailor.methods.fedper import FedPer
-from fedtailor.methods.fedprox import FedProx
-from fedtailor.methods.fedrep import FedRep
-from fedtailor.methods.fedrod import FedRoD
-from fedtailor.methods.pfl import PersonalState
+from fedtailor.methods.pfl.ditto import Ditto
+from fedtailor.methods.pfl.fedavg import FedAvg
+from fedtailor.methods.pfl.fedbabu import FedBABU
+from fedtailor.methods.pfl.fedper import FedPer
+from fedtailor.methods.pfl.fedprox import FedProx
+from fedtailor.methods.pfl.fedrep import FedRep
+from fedtailor.methods.pfl.fedrod import FedRoD
+from fedtailor.methods.pfl.local import PersonalState
 from fedtailor.models.parts import head_names, layer_units
 
 LR = 0.3

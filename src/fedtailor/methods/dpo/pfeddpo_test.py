@@ -13,7 +13,7 @@ from fedtailor.fl.loop import run_federated, start  # noqa: E402
 from fedtailor.fl.records import ClientData, InvalidMessage, Message  # noqa: E402
 from fedtailor.lm.model import tiny_llama  # noqa: E402
 from fedtailor.lm.preference import PreferencePair, tokenize_pairs  # noqa: E402
-from fedtailor.methods.pfeddpo import CentralizedDPO, PFedDPO  # noqa: E402
+from fedtailor.methods.dpo.pfeddpo import CentralizedDPO, PFedDPO  # noqa: E402
 
 
 class CharTokenizer:
@@ -122,7 +122,7 @@ def test_a_spilled_running_sum_gives_the_same_bases_bit_for_bit_and_leaves_no_fi
     trains); the averaged bases must not change by a bit, and the temporary file must be gone after the round."""
     import tempfile
 
-    import fedtailor.methods.pfeddpo as mod
+    import fedtailor.methods.dpo.pfeddpo as mod
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     written, write = [], mod._write_sum

@@ -16,7 +16,7 @@ from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import InvalidMessage, Message
 from fedtailor.fl.schedule import participation_counts
-from fedtailor.methods.compact_test import SMALL
+from fedtailor.methods.compact.adaptation_test import SMALL
 from fedtailor.privacy.ledger import PrivacyBudgetExceeded
 
 SECURE = [s for s in SMALL if "randomness" not in s] + ['method.privacy.randomness="secure"']

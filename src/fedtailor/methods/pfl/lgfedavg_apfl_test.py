@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from fedtailor.config import load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated
-from fedtailor.methods.apfl import ALPHA, APFL
-from fedtailor.methods.fedlag import FedLAG
-from fedtailor.methods.lgfedavg import LGFedAvg
-from fedtailor.methods.pfl import PersonalState
-from fedtailor.methods.pfl_test import LR, _data, _fit, _forward, _grad, _kw, _step
+from fedtailor.methods.pfl.apfl import ALPHA, APFL
+from fedtailor.methods.pfl.fedlag import FedLAG
+from fedtailor.methods.pfl.lgfedavg import LGFedAvg
+from fedtailor.methods.pfl.local import PersonalState
+from fedtailor.methods.pfl.local_test import LR, _data, _fit, _forward, _grad, _kw, _step
 
 BODY, HEAD = ["body.weight", "body.bias"], ["fc.weight", "fc.bias"]
 

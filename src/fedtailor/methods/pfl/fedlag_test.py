@@ -10,8 +10,9 @@ from fedtailor.config import load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated
 from fedtailor.fl.registry import fedlag_bases
-from fedtailor.methods.fedlag import FedLAG, capped_conflicts, conflict_counts, conflict_matrix
-from fedtailor.methods.pfl import LocalTraining
+from fedtailor.methods.pfl.fedlag import FedLAG, capped_conflicts, conflict_counts, conflict_matrix
+from fedtailor.fl.method import Method
+from fedtailor.methods.pfl.local import WRAPPER_API, LocalTraining
 
 BASE = ['data.dataset="digits"', "data.num_clients=5", "data.num_unseen=0", "data.context_size=0",
         "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3",
@@ -258,3 +259,31 @@ def test_a_cap_that_never_binds_is_the_plain_run_bit_for_bit_and_a_binding_cap_b
     assert any(x > 1 for r in plain.summary(a.state.server)["fedlag_conflicts_per_round"] for x in r)
     with pytest.raises(ValueError, match="cap"):
         load_config(None, [*BASE, 'method.name="fedavg"', *LAG, "method.fedlag.cap=0"])
+
+
+class _OnlyThePublicInterface:
+    """A base seen through the Method interface and WRAPPER_API alone: any other attribute is an error."""
+
+    def __init__(self, base: LocalTraining) -> None:
+        self._base = base
+        self._allowed = WRAPPER_API | {n for n in dir(Method) if not n.startswith("_")}
+
+    def __getattr__(self, name: str):
+        if name not in self._allowed:
+            raise AssertionError(f"FedLAG used {name!r} of its base, outside the Method interface and WRAPPER_API")
+        return getattr(self._base, name)
+
+
+@pytest.mark.parametrize("update", ["delta", "gradient"])
+def test_fedlag_uses_only_the_public_interface_of_its_base_and_keeps_its_summary(update):
+    setup = build_setup(load_config(None, [*BASE, 'method.name="fedrod"', *LAG, "method.fedlag.rechoose=true",
+                                           f'method.fedlag.update="{update}"']))
+    ref = build_method(setup)
+    base = ref.base
+    base.summary = lambda server: {"base_fact": len(server.params)}  # a base that reports something
+    wrapped = FedLAG(_OnlyThePublicInterface(base), top_k=2, xi=0.0, warmup=2, unit="tensor",
+                     update=update, rechoose=True, choice="conflict")
+    result = run_federated(wrapped, setup.clients, setup.schedule, eval_every=2, progress=False)
+    summary = wrapped.summary(result.state.server)
+    assert summary["base_fact"] == len(result.state.server.base.params)
+    assert len(summary["fedlag_personal"]) == 2

@@ -9,7 +9,7 @@ import torch
 
 from fedtailor.fl.registry import fedlag_bases
 from fedtailor.fl.training import batched_sgd, functional_sgd
-from fedtailor.methods.fedlag_test import _run
+from fedtailor.methods.pfl.fedlag_test import _run
 
 
 @pytest.mark.parametrize("method", fedlag_bases())  # every registered base

@@ -6,7 +6,7 @@ Each client keeps its own *local representation*: the model's body (every layer 
 layers (the head), is shared: the server sends the global head, the client trains its whole model (its own
 body and the received head) for ``local_epochs`` of SGD on cross-entropy, and the server averages the
 returned heads weighted by the clients' numbers of training records, as FedAvg does. The reverse split of
-FedPer (:mod:`fedtailor.methods.fedper`: shared body, personal head). Clients are evaluated with their own
+FedPer (:mod:`fedtailor.methods.pfl.fedper`: shared body, personal head). Clients are evaluated with their own
 body under the global head.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedtailor.methods.pfl import LocalSGDConfig, LocalTraining, register_base
+from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining, register_base
 from fedtailor.models.parts import head_names
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl import ClientBatch, LocalSGDConfig, LocalTraining, Params, register_base
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, register_base
 from fedtailor.models.parts import head_names
 
 
