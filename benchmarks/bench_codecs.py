@@ -54,9 +54,7 @@ def battery_rows(*, sizes: list[int], seeds: int, alpha: float) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--k", type=int, default=16384)
     parser.add_argument("--sigma", type=float, default=0.01468)
     parser.add_argument("--releases", type=int, default=30)
@@ -73,9 +71,7 @@ def main() -> None:
         "engineers' jobs while this runs, so absolute times are inflated and noisy; ratios are to DG FP32 "
         "measured in the same run."
     )
-    report(
-        f"Codecs at k = {args.k}, sigma = {args.sigma} (eps = 16)", rows, notes=notes, save=not args.no_save
-    )
+    report(f"Codecs at k = {args.k}, sigma = {args.sigma} (eps = 16)", rows, notes=notes, save=not args.no_save)
     if args.battery:
         sizes = [1024, 4096, 16384]
         rows = battery_rows(sizes=sizes, seeds=args.battery_seeds, alpha=0.01)

@@ -26,16 +26,16 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report  # noqa: E402
+from harness import report
 
-from fedtailor.codecs import release_key  # noqa: E402
-from fedtailor.codecs.format import pad  # noqa: E402
-from fedtailor.config import load_config  # noqa: E402
-from fedtailor.fl.records import Message  # noqa: E402
-from fedtailor.experiment import build_method, build_setup  # noqa: E402
-from fedtailor.fl.loop import start  # noqa: E402
-from fedtailor.models.layerwise import LayerKroneckerSubspace  # noqa: E402
-from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients  # noqa: E402
+from fedtailor.codecs import release_key
+from fedtailor.codecs.format import pad
+from fedtailor.config import load_config
+from fedtailor.experiment import build_method, build_setup
+from fedtailor.fl.loop import start
+from fedtailor.fl.records import Message
+from fedtailor.models.layerwise import LayerKroneckerSubspace
+from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
 
 
 def profile_round(method, server, setup, rnd: int) -> dict[str, float]:
@@ -53,8 +53,9 @@ def profile_round(method, server, setup, rnd: int) -> dict[str, float]:
             g = method.record_gradients(x[idx], y[idx], theta)
             t2 = t3 = time.perf_counter()
         else:
-            g = per_example_gradients(method.model, F.cross_entropy, x[idx], y[idx],
-                                      params=method.layout.unflatten(theta))
+            g = per_example_gradients(
+                method.model, F.cross_entropy, x[idx], y[idx], params=method.layout.unflatten(theta)
+            )
             t2 = time.perf_counter()
             g = method.P.project(g)
             t3 = time.perf_counter()
@@ -106,8 +107,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--codec", default="lrsuq")
     ap.add_argument("--k-small", type=int, default=1024)
-    ap.add_argument("--transforms", default="layer-kronecker,kronecker,blocked-dct", help="subspaces timed side by side")
-    ap.add_argument("--full-run", action="store_true", help="also time the 500-round MNIST run with the first transform")
+    ap.add_argument(
+        "--transforms", default="layer-kronecker,kronecker,blocked-dct", help="subspaces timed side by side"
+    )
+    ap.add_argument(
+        "--full-run", action="store_true", help="also time the 500-round MNIST run with the first transform"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     variant = "ours-lrsuq" if args.codec == "lrsuq" else "ours-dg"
@@ -125,10 +130,17 @@ def main() -> None:
         if naive is None:
             naive = naive_round(method, server, setup, 1, args.k_small)
         rows.append({"path": f"fedtailor, P = {transform}", "seconds per round": ours, "ratio vs naive": naive / ours})
-        notes.append(f"Profile with P = {transform} (seconds, both clients):\n\n" + "\n".join(
-            f"- {k}: {v:.4f} ({100 * v / ours:.0f}%)" for k, v in prof.items()))
-    rows.append({"path": f"naive (per-record loop + dense P, scaled from k={args.k_small})", "seconds per round": naive,
-                 "ratio vs naive": 1.0})
+        notes.append(
+            f"Profile with P = {transform} (seconds, both clients):\n\n"
+            + "\n".join(f"- {k}: {v:.4f} ({100 * v / ours:.0f}%)" for k, v in prof.items())
+        )
+    rows.append(
+        {
+            "path": f"naive (per-record loop + dense P, scaled from k={args.k_small})",
+            "seconds per round": naive,
+            "ratio vs naive": 1.0,
+        }
+    )
     for r in rows:
         r[f"ratio vs {transforms[-1]}"] = rows[len(transforms) - 1]["seconds per round"] / r["seconds per round"]
     text = "\n\n".join(notes)
@@ -141,10 +153,13 @@ def main() -> None:
             out = run_experiment(cfg, Path(tmp) / "run", progress=False)
             wall = time.perf_counter() - t0
             res = json.loads((out / "results.json").read_text())
-        text += (f"\n\nFull run `fedtailor run configs/compact/mnist-eps16.toml --set method.variant=\"{variant}\" "
-                 f"--set method.subspace_transform=\"{transforms[0]}\"`: {wall / 60:.1f} min for {res['rounds']} rounds "
-                 f"(Seen {100 * res['summary']['seen/accuracy']:.1f}%, Future {100 * res['summary']['future/accuracy']:.1f}%,"
-                 f" eps {res['method_summary']['epsilon_max']:.2f}, T_max {res['method_summary']['T_max']})")
+        text += (
+            f'\n\nFull run `fedtailor run configs/compact/mnist-eps16.toml --set method.variant="{variant}" '
+            f'--set method.subspace_transform="{transforms[0]}"`: {wall / 60:.1f} min for {res["rounds"]} rounds '
+            f"(Seen {100 * res['summary']['seen/accuracy']:.1f}%, "
+            f"Future {100 * res['summary']['future/accuracy']:.1f}%,"
+            f" eps {res['method_summary']['epsilon_max']:.2f}, T_max {res['method_summary']['T_max']})"
+        )
     report(f"Compact adaptation: one private round, codec {args.codec}, {args.threads} threads", rows, notes=text)
 
 

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report  # noqa: E402
+from harness import report
 
-from fedtailor.lm.dpo import dpo_loss  # noqa: E402
-from fedtailor.lm.model import add_lora, load_causal_lm  # noqa: E402
-from fedtailor.lm.preference import HH_FILE, federated_pairs, load_hh_rlhf, shared_data_file, tokenize_pairs  # noqa: E402
-from fedtailor.lm.training import dpo_on, pair_logprobs, reference_logprobs  # noqa: E402
+from fedtailor.lm.dpo import dpo_loss
+from fedtailor.lm.model import add_lora, load_causal_lm
+from fedtailor.lm.preference import HH_FILE, federated_pairs, load_hh_rlhf, shared_data_file, tokenize_pairs
+from fedtailor.lm.training import dpo_on, pair_logprobs, reference_logprobs
 
 
 def _clients(lm, n: int, pairs: int = 120):
@@ -39,14 +39,21 @@ def _clients(lm, n: int, pairs: int = 120):
 
     data = load_hh_rlhf(shared_data_file(*HH_FILE))
     split = federated_pairs(data, num_clients=5, per_client=pairs, heldout=0, scheme="length", seed=41)
-    return {c: ClientData(cid=c, seen=True, train=tokenize_pairs(lm.tokenizer, [data[i] for i in split.train[c]]))
-            for c in range(n)}
+    return {
+        c: ClientData(cid=c, seen=True, train=tokenize_pairs(lm.tokenizer, [data[i] for i in split.train[c]]))
+        for c in range(n)
+    }
 
 
-def time_steps(model, tokens, ref, *, steps: int, precision: str, naive_ref=None, fused: bool = True) -> tuple[float, float]:
+def time_steps(
+    model, tokens, ref, *, steps: int, precision: str, naive_ref=None, fused: bool = True
+) -> tuple[float, float]:
     """Median seconds per DPO step and per optimizer step."""
-    opt = (torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True) if fused
-           else torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=False))
+    opt = (
+        torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+        if fused
+        else torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, foreach=False)
+    )
     total, optim = [], []
     for s in range(steps + 1):
         idx = torch.arange(4 * s, 4 * s + 4) % len(ref)
@@ -78,16 +85,30 @@ def round_time(n: int, *, diagnostics: bool, threads: int, precision: str, spill
     torch.set_num_threads(threads)
     lm = load_causal_lm("smollm2")
     clients = _clients(lm, n, pairs=24)
-    method = PFedDPO(model=lm.model, personal=True, beta=0.2, lr=1e-4, local_steps=3, batch_size=4, grad_clip=1.0,
-                     seed=41, rounds=2, diagnostics_every=1 if diagnostics else 0, precision=precision,
-                     spill_sum=spill)
+    method = PFedDPO(
+        model=lm.model,
+        personal=True,
+        beta=0.2,
+        lr=1e-4,
+        local_steps=3,
+        batch_size=4,
+        grad_clip=1.0,
+        seed=41,
+        rounds=2,
+        diagnostics_every=1 if diagnostics else 0,
+        precision=precision,
+        spill_sum=spill,
+    )
     state = start(method, clients)
     import numpy as np
 
     t0 = time.perf_counter()
     record = _fit_round(method, state, InProcess(method, clients, state.clients), 1, np.arange(n))
-    return {"seconds": time.perf_counter() - t0, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            **{k: v for k, v in record.items() if k.startswith("kappa")}}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **{k: v for k, v in record.items() if k.startswith("kappa")},
+    }
 
 
 def main() -> None:
@@ -101,8 +122,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:  # a memory-measurement subprocess: print one JSON line
         n, diag, spill = (int(v) for v in args.child.split(","))
-        print(json.dumps(round_time(n, diagnostics=bool(diag), threads=args.threads, precision=args.precision,
-                                    spill=bool(spill))))
+        print(
+            json.dumps(
+                round_time(n, diagnostics=bool(diag), threads=args.threads, precision=args.precision, spill=bool(spill))
+            )
+        )
         return
     torch.set_num_threads(args.threads)
     rows = []
@@ -118,16 +142,31 @@ def step_rows(args: argparse.Namespace) -> list[dict]:
     ref = reference_logprobs(model, tokens)
     rows = []
     naive_ref = copy.deepcopy(lm.model).eval()
-    t_naive, o_naive = time_steps(add_lora(copy.deepcopy(lm.model), rank=8, alpha=16), tokens, ref,
-                                  steps=args.repeat, precision="fp32", naive_ref=naive_ref, fused=False)
+    t_naive, o_naive = time_steps(
+        add_lora(copy.deepcopy(lm.model), rank=8, alpha=16),
+        tokens,
+        ref,
+        steps=args.repeat,
+        precision="fp32",
+        naive_ref=naive_ref,
+        fused=False,
+    )
     del naive_ref
     t32, o32 = time_steps(model, tokens, ref, steps=args.repeat, precision="fp32")
     t16, o16 = time_steps(model, tokens, ref, steps=args.repeat, precision="bf16")
-    for path, t, o in (("naive: fp32, reference forward each step (2nd copy), per-tensor AdamW", t_naive, o_naive),
-                       ("fedtailor: cached reference, fused AdamW, fp32", t32, o32),
-                       ("fedtailor: cached reference, fused AdamW, bf16 autocast", t16, o16)):
-        rows.append({"DPO step (batch 4 pairs, 64 tokens)": path, "seconds per step": t, "optimizer step (s)": o,
-                     "speed-up vs naive": t_naive / t})
+    for path, t, o in (
+        ("naive: fp32, reference forward each step (2nd copy), per-tensor AdamW", t_naive, o_naive),
+        ("fedtailor: cached reference, fused AdamW, fp32", t32, o32),
+        ("fedtailor: cached reference, fused AdamW, bf16 autocast", t16, o16),
+    ):
+        rows.append(
+            {
+                "DPO step (batch 4 pairs, 64 tokens)": path,
+                "seconds per step": t,
+                "optimizer step (s)": o,
+                "speed-up vs naive": t_naive / t,
+            }
+        )
     return rows
 
 
@@ -135,19 +174,40 @@ def _finish(args: argparse.Namespace, rows: list[dict], notes: list[str]) -> Non
     if not args.skip_memory:
         res = {}
         for n, diag, spill in ((1, 0, 0), (5, 0, 0), (5, 1, 0), (5, 0, 1)):
-            out = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--precision", args.precision,
-                                  "--child", f"{n},{diag},{spill}"],
-                                 check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            out = (
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--threads",
+                        str(args.threads),
+                        "--precision",
+                        args.precision,
+                        "--child",
+                        f"{n},{diag},{spill}",
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             res[n, diag, spill] = json.loads(out)
         one, five, diag, spilled = res[1, 0, 0], res[5, 0, 0], res[5, 1, 0], res[5, 0, 1]
-        notes += [f"- pFedDPO round, 5 clients x 3 steps ({args.precision}): {five['seconds']:.1f} s; with the kappa^2 "
-                  f"diagnostics: {diag['seconds']:.1f} s (kappa2 {diag.get('kappa2', float('nan')):.4g})",
-                  f"- peak memory (max RSS): N = 1 {one['maxrss_mb']:.0f} MB, N = 5 {five['maxrss_mb']:.0f} MB "
-                  f"(ratio {five['maxrss_mb'] / one['maxrss_mb']:.3f}); N = 5 with spill_sum "
-                  f"{spilled['maxrss_mb']:.0f} MB (ratio {spilled['maxrss_mb'] / one['maxrss_mb']:.3f}), "
-                  f"round {spilled['seconds']:.1f} s"]
-    report(f"pFedDPO on SmolLM2-135M: DPO step and round, {args.threads} threads", rows or [{"rows": "rounds only"}],
-           notes="\n".join(notes))
+        notes += [
+            f"- pFedDPO round, 5 clients x 3 steps ({args.precision}): {five['seconds']:.1f} s; with the kappa^2 "
+            f"diagnostics: {diag['seconds']:.1f} s (kappa2 {diag.get('kappa2', float('nan')):.4g})",
+            f"- peak memory (max RSS): N = 1 {one['maxrss_mb']:.0f} MB, N = 5 {five['maxrss_mb']:.0f} MB "
+            f"(ratio {five['maxrss_mb'] / one['maxrss_mb']:.3f}); N = 5 with spill_sum "
+            f"{spilled['maxrss_mb']:.0f} MB (ratio {spilled['maxrss_mb'] / one['maxrss_mb']:.3f}), "
+            f"round {spilled['seconds']:.1f} s",
+        ]
+    report(
+        f"pFedDPO on SmolLM2-135M: DPO step and round, {args.threads} threads",
+        rows or [{"rows": "rounds only"}],
+        notes="\n".join(notes),
+    )
 
 
 if __name__ == "__main__":

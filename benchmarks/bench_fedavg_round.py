@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report  # noqa: E402
+from harness import report
 
-from fedtailor.config import load_config  # noqa: E402
-from fedtailor.experiment import build_method, build_setup  # noqa: E402
-from fedtailor.fl.loop import run_federated  # noqa: E402
-from fedtailor.models import build_model, get_flat, set_flat  # noqa: E402
-from fedtailor.rng import torch_generator  # noqa: E402
+from fedtailor.config import load_config
+from fedtailor.experiment import build_method, build_setup
+from fedtailor.fl.loop import run_federated
+from fedtailor.models import build_model, get_flat, set_flat
+from fedtailor.rng import torch_generator
 
 
 def plain_round(setup, params: torch.Tensor, selected: np.ndarray, lr: float, batch_size: int) -> torch.Tensor:
@@ -54,8 +54,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config(None, ['method.name="fedavg"', f"federation.rounds={args.repeat + 1}",
-                             f"federation.clients_per_round={args.clients}"])
+    cfg = load_config(
+        None,
+        [
+            'method.name="fedavg"',
+            f"federation.rounds={args.repeat + 1}",
+            f"federation.clients_per_round={args.clients}",
+        ],
+    )
     setup = build_setup(cfg)
     ours, plain = [], []
     for rnd in range(1, args.repeat + 2):
@@ -64,8 +70,13 @@ def main() -> None:
         res = run_federated(method, setup.clients, setup.schedule[rnd - 1 : rnd], progress=False)
         ours.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        ref = plain_round(setup, torch.cat([t.reshape(-1) for t in method.init_server().params.values()]),
-                          setup.schedule[rnd - 1], cfg.method.lr, cfg.method.batch_size)
+        ref = plain_round(
+            setup,
+            torch.cat([t.reshape(-1) for t in method.init_server().params.values()]),
+            setup.schedule[rnd - 1],
+            cfg.method.lr,
+            cfg.method.batch_size,
+        )
         plain.append(time.perf_counter() - t0)
         # same clients, keys and arithmetic: the two rounds must give the same model
         got = torch.cat([t.reshape(-1) for t in res.state.server.params.values()])
@@ -84,9 +95,12 @@ def main() -> None:
         {"path": "fedtailor loop (FedAvg)", "seconds per round": o, "ratio vs plain": o / p},
         {"path": "plain PyTorch FedAvg round", "seconds per round": p, "ratio vs plain": 1.0},
     ]
-    report(f"FedAvg round on real MNIST: {args.clients} clients x ~{n // args.clients} records, LeNet, "
-           f"{args.threads} threads", rows,
-           notes=f"Evaluation of all 50 clients (subtracted from the loop's time): {eval_s:.2f} s.")
+    report(
+        f"FedAvg round on real MNIST: {args.clients} clients x ~{n // args.clients} records, LeNet, "
+        f"{args.threads} threads",
+        rows,
+        notes=f"Evaluation of all 50 clients (subtracted from the loop's time): {eval_s:.2f} s.",
+    )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def attack(method: FedLAG, adversary: int, target: str) -> None:
     """Make client ``adversary`` reply the negative of the honest mean round delta on layer ``target``."""
     fit_many = method.client_fit_many
 
-    def fit(msgs: dict[int, Message], states: dict[int, PersonalState | None],
-            data: dict[int, ClientData]) -> dict[int, tuple[Message, PersonalState]]:
+    def fit(
+        msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
+    ) -> dict[int, tuple[Message, PersonalState]]:
         out = fit_many(msgs, states, data)
         if adversary in out and target in msgs[adversary].arrays:
             deltas = [out[c][0].arrays[target] - msgs[c].arrays[target] for c in out if c != adversary]
@@ -77,8 +78,9 @@ def record(method: FedLAG) -> list[list[torch.Tensor]]:
             row = []
             for i in method.candidates:
                 layer = method.layers[i]
-                h = torch.stack([torch.cat([method._update(server, r, n).reshape(-1) for n in layer])
-                                 for r in replies.values()])
+                h = torch.stack(
+                    [torch.cat([method._update(server, r, n).reshape(-1) for n in layer]) for r in replies.values()]
+                )
                 row.append(conflict_matrix(h, xi=method.xi))
             matrices.append(row)
         return aggregate(server, rnd, replies)
@@ -88,12 +90,16 @@ def record(method: FedLAG) -> list[list[torch.Tensor]]:
 
 
 def overrides(seed: int, warmup: int, cap: int | None = None) -> list[str]:
-    return [f"seed={seed}", f"federation.rounds={warmup}", f"method.fedlag.warmup={warmup}",
-            "federation.eval_every=0", *([f"method.fedlag.cap={cap}"] if cap is not None else [])]
+    return [
+        f"seed={seed}",
+        f"federation.rounds={warmup}",
+        f"method.fedlag.warmup={warmup}",
+        "federation.eval_every=0",
+        *([f"method.fedlag.cap={cap}"] if cap is not None else []),
+    ]
 
 
-def run(setup: Setup, target: str | None,
-        adversary: int) -> tuple[FedLAG, list[list[torch.Tensor]], dict, float]:
+def run(setup: Setup, target: str | None, adversary: int) -> tuple[FedLAG, list[list[torch.Tensor]], dict, float]:
     method = build_method(setup)
     assert isinstance(method, FedLAG)
     if target is not None:
@@ -107,8 +113,7 @@ def run(setup: Setup, target: str | None,
 
 def score(matrices: list[list[torch.Tensor]], cap: int | None) -> list[float]:
     """Warm-up totals per candidate: the plain pair count (``cap`` None) or the capped score."""
-    per_round = [[int(m.sum()) // 2 if cap is None else capped_count(m, cap=cap) for m in row]
-                 for row in matrices]
+    per_round = [[int(m.sum()) // 2 if cap is None else capped_count(m, cap=cap) for m in row] for row in matrices]
     return [sum(col) for col in zip(*per_round)]
 
 
@@ -149,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                 own = capped.summary(res.state.server)
                 assert own["fedlag_scores"] == score(matrices, cap), own["fedlag_scores"]
                 assert own["fedlag_personal"] == [names[j] for j in capped.choose(score(matrices, cap))]
-                print(f"verified: a run with method.fedlag.cap={cap} scores {own['fedlag_scores']}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"verified: a run with method.fedlag.cap={cap} scores {own['fedlag_scores']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             for name, cap in zip(scores_names, [None, *args.caps]):
                 totals = score(matrices, cap)
                 chosen = method.choose(totals)
@@ -158,16 +166,21 @@ def main(argv: list[str] | None = None) -> int:
                     baseline[name] = (totals, chosen)
                 base_totals, base_chosen = baseline[name]
                 j = names.index(target) if target is not None else None
-                rows.append({
-                    "seed": seed, "clients": n, "warmup": args.warmup,
-                    "adversary": "none" if target is None else f"-mean on {target}", "score": name,
-                    **{f"GC({c})": fmt(t) for c, t in zip(names, totals)},
-                    "personal": ", ".join(names[k] for k in chosen),
-                    "target shift": "" if j is None else fmt(totals[j] - base_totals[j]),
-                    "bound": "" if j is None else fmt(args.warmup * (n - 1 if cap is None else cap)),
-                    "choice changed": "" if j is None else ("yes" if chosen != base_chosen else "no"),
-                    "run s": f"{wall:.0f}",
-                })
+                rows.append(
+                    {
+                        "seed": seed,
+                        "clients": n,
+                        "warmup": args.warmup,
+                        "adversary": "none" if target is None else f"-mean on {target}",
+                        "score": name,
+                        **{f"GC({c})": fmt(t) for c, t in zip(names, totals)},
+                        "personal": ", ".join(names[k] for k in chosen),
+                        "target shift": "" if j is None else fmt(totals[j] - base_totals[j]),
+                        "bound": "" if j is None else fmt(args.warmup * (n - 1 if cap is None else cap)),
+                        "choice changed": "" if j is None else ("yes" if chosen != base_chosen else "no"),
+                        "run s": f"{wall:.0f}",
+                    }
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "adversary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -181,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - t_all
     (args.out / "adversary.md").write_text(
         f"`{command}` ({total / 60:.1f} min, {torch.get_num_threads()} thread; {n} clients, warm-up "
-        f"{args.warmup} rounds, adversary client {args.adversary})\n\n" + "\n".join(lines) + "\n")
+        f"{args.warmup} rounds, adversary client {args.adversary})\n\n" + "\n".join(lines) + "\n"
+    )
     print("\n".join(lines))
     print(f"total {total:.0f} s", file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report  # noqa: E402
+from harness import report
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = """name = "tiny"
@@ -56,18 +56,37 @@ def main() -> None:
         home = tmp / "flwr"
         home.mkdir()
         (home / "config.toml").write_text('[superlink.local]\naddress = ":local:"\n')
-        env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-               "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "FLWR_HOME": str(home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "OMP_NUM_THREADS": "1",
+        }
         sim, local = {}, {}
         try:
             for r in (1, r1, r2):  # the first run starts the local SuperLink and Ray: a warm-up, not measured
                 cfg = tmp / f"r{r}.toml"
                 cfg.write_text(TINY.format(n=args.clients, r=r))
                 t0 = time.perf_counter()
-                subprocess.run([Path(sys.executable).parent / "flwr", "run", str(REPO), "local", "--stream",
-                                "--federation-config", f"num-supernodes={args.clients} client-resources-num-cpus=1",
-                                "-c", f"config='{cfg}' out='{tmp / f'out{r}'}'"], env=env, check=True,
-                               capture_output=True, timeout=900)
+                subprocess.run(
+                    [
+                        Path(sys.executable).parent / "flwr",
+                        "run",
+                        str(REPO),
+                        "local",
+                        "--stream",
+                        "--federation-config",
+                        f"num-supernodes={args.clients} client-resources-num-cpus=1",
+                        "-c",
+                        f"config='{cfg}' out='{tmp / f'out{r}'}'",
+                    ],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    timeout=900,
+                )
                 sim[r] = time.perf_counter() - t0
                 setup = build_setup(load_config(cfg))
                 t0 = time.perf_counter()
@@ -76,10 +95,20 @@ def main() -> None:
         finally:
             subprocess.run(["pkill", "-f", "flower-superlink --insecure --simulation"], check=False)
     per_sim, per_local = (sim[r2] - sim[r1]) / (r2 - r1), (local[r2] - local[r1]) / (r2 - r1)
-    rows = [{"path": "Flower Simulation Engine", "seconds per round": per_sim, f"wall of {r1} rounds (s)": sim[r1],
-             "ratio vs in-process": per_sim / per_local},
-            {"path": "fedtailor in-process loop", "seconds per round": per_local, f"wall of {r1} rounds (s)": local[r1],
-             "ratio vs in-process": 1.0}]
+    rows = [
+        {
+            "path": "Flower Simulation Engine",
+            "seconds per round": per_sim,
+            f"wall of {r1} rounds (s)": sim[r1],
+            "ratio vs in-process": per_sim / per_local,
+        },
+        {
+            "path": "fedtailor in-process loop",
+            "seconds per round": per_local,
+            f"wall of {r1} rounds (s)": local[r1],
+            "ratio vs in-process": 1.0,
+        },
+    ]
     report(f"FedAvg round: Flower Simulation Engine vs the in-process loop, {args.clients} digits clients", rows)
 
 

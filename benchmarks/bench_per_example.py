@@ -60,9 +60,7 @@ def opacus_path(gs_model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    parser.add_argument(
-        "--repeat", type=int, default=5, help="timed repeats per path; the median is reported"
-    )
+    parser.add_argument("--repeat", type=int, default=5, help="timed repeats per path; the median is reported")
     parser.add_argument("--records", type=int, default=333, help="records per batch (m_g = 333)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     parser.add_argument("--no-save", action="store_true", help="do not append to benchmarks/RESULTS.md")

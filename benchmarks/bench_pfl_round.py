@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report  # noqa: E402
+from harness import report
 
-from fedtailor.config import load_config  # noqa: E402
-from fedtailor.experiment import build_method, build_setup  # noqa: E402
-from fedtailor.methods.pfl.fedlag import conflict_counts  # noqa: E402
-from fedtailor.models.parts import layer_units  # noqa: E402
+from fedtailor.config import load_config
+from fedtailor.experiment import build_method, build_setup
+from fedtailor.methods.pfl.fedlag import conflict_counts
+from fedtailor.models.parts import layer_units
 
 
 def _sync(device: torch.device) -> None:
@@ -39,8 +39,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def pfllib_round(method, setup, rnd: int, host: dict[int, tuple[torch.Tensor, torch.Tensor]]
-                 ) -> tuple[dict[str, torch.Tensor], float]:
+def pfllib_round(
+    method, setup, rnd: int, host: dict[int, tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[dict[str, torch.Tensor], float]:
     """PFLlib's shape: per client a deep copy of the global model, a DataLoader over the client's records in host
     memory (``host``) and an optimizer; each batch is moved to the model's device."""
     device = setup.device
@@ -73,7 +74,7 @@ def our_round(method, setup, rnd: int) -> tuple[dict[str, torch.Tensor], float]:
     _sync(setup.device)
     t0 = time.perf_counter()
     msgs = {c: method.configure_fit(server, rnd, c) for c in cids}
-    out = method.client_fit_many(msgs, {c: None for c in cids}, {c: setup.clients[c] for c in cids})
+    out = method.client_fit_many(msgs, dict.fromkeys(cids), {c: setup.clients[c] for c in cids})
     replies = {c: r for c, (r, _) in out.items()}
     for c, r in replies.items():
         method.validate_reply(server, "fit", rnd, c, r)
@@ -86,13 +87,15 @@ def scoring_time(method, setup, rnd: int) -> float:
     """FedLAG's conflict scoring of one round: every layer's Gram matrix over the 20 clients' round deltas."""
     server = method.init_server()
     cids = [int(c) for c in setup.schedule[rnd - 1]]
-    out = method.client_fit_many({c: method.configure_fit(server, rnd, c) for c in cids}, {},
-                                 {c: setup.clients[c] for c in cids})
+    out = method.client_fit_many(
+        {c: method.configure_fit(server, rnd, c) for c in cids}, {}, {c: setup.clients[c] for c in cids}
+    )
     _sync(setup.device)
     t0 = time.perf_counter()
     for layer in layer_units(method.model, "tensor"):
-        rows = torch.stack([torch.cat([(r.arrays[n] - server.params[n]).reshape(-1) for n in layer])
-                            for r, _ in out.values()])
+        rows = torch.stack(
+            [torch.cat([(r.arrays[n] - server.params[n]).reshape(-1) for n in layer]) for r, _ in out.values()]
+        )
         conflict_counts(rows, xi=0.0)
     _sync(setup.device)
     return time.perf_counter() - t0
@@ -110,9 +113,15 @@ def main() -> None:
     rows, notes = [], []
     for model in args.models.split(","):
         for alpha in args.alphas.split(","):
-            cfg = load_config("configs/fedlag/mnist-dnn-alpha10.toml", [
-                f'method.model="{model}"', f"data.alpha={alpha}", f"federation.rounds={args.repeat + 1}",
-                f'device="{args.device}"'])
+            cfg = load_config(
+                "configs/fedlag/mnist-dnn-alpha10.toml",
+                [
+                    f'method.model="{model}"',
+                    f"data.alpha={alpha}",
+                    f"federation.rounds={args.repeat + 1}",
+                    f'device="{args.device}"',
+                ],
+            )
             setup = build_setup(cfg)
             host = {c: (cl.train[0].cpu(), cl.train[1].cpu()) for c, cl in setup.clients.items()}
             fast, slow = build_method(setup), build_method(setup)
@@ -122,7 +131,9 @@ def main() -> None:
                 a, ta = our_round(fast.base, setup, rnd)
                 b, tb = our_round(slow.base, setup, rnd)
                 c, tc = pfllib_round(slow.base, setup, rnd, host)
-                for n in a:  # same batches and arithmetic: the same model, to float rounding (accumulated over ~250 steps)
+                for (
+                    n
+                ) in a:  # same batches and arithmetic: the same model, to float rounding (accumulated over ~250 steps)
                     torch.testing.assert_close(a[n], c[n], rtol=1e-3, atol=1e-4)
                     torch.testing.assert_close(b[n], c[n], rtol=1e-3, atol=1e-4)
                 if rnd > 1:  # the first round warms up
@@ -131,15 +142,23 @@ def main() -> None:
             med = {k: statistics.median(v) for k, v in times.items()}
             score = statistics.median(scoring_time(fast.base, setup, 1) for _ in range(args.repeat))
             sizes = sorted(len(cl.train[1]) for cl in setup.clients.values())
-            rows.append({"model": model, "alpha": alpha, "vectorized (s)": med["vectorized"],
-                         "per-client (s)": med["per-client"], "PFLlib-style (s)": med["pfllib"],
-                         "speed-up vs PFLlib-style": med["pfllib"] / med["vectorized"],
-                         "conflict scoring (% of vectorized round)": 100 * score / med["vectorized"]})
-            notes.append(f"- {model}, alpha {alpha}: client training sizes {sizes[0]}..{sizes[-1]} "
-                         f"(median {sizes[len(sizes) // 2]}), conflict scoring {1e3 * score:.1f} ms")
+            rows.append(
+                {
+                    "model": model,
+                    "alpha": alpha,
+                    "vectorized (s)": med["vectorized"],
+                    "per-client (s)": med["per-client"],
+                    "PFLlib-style (s)": med["pfllib"],
+                    "speed-up vs PFLlib-style": med["pfllib"] / med["vectorized"],
+                    "conflict scoring (% of vectorized round)": 100 * score / med["vectorized"],
+                }
+            )
+            notes.append(
+                f"- {model}, alpha {alpha}: client training sizes {sizes[0]}..{sizes[-1]} "
+                f"(median {sizes[len(sizes) // 2]}), conflict scoring {1e3 * score:.1f} ms"
+            )
     where = f"{args.threads} threads" if setup.device.type == "cpu" else torch.cuda.get_device_name(setup.device)
-    report(f"FedAvg round of the FedLAG setup: 20 MNIST clients, batch 16, {where}", rows,
-           notes="\n".join(notes))
+    report(f"FedAvg round of the FedLAG setup: 20 MNIST clients, batch 16, {where}", rows, notes="\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ Full size is that of *Privacy-Aligned Personalized Federated Learning with Compa
 Variable-Length Gaussian Communication*: d = 85,822 (the LeNet on MNIST) and k = 16,384.
 
 Measures ``expand`` of one coefficient vector and ``project`` of a (333, 85,822) batch of per-record gradients
-(k = 16,384), for the Kronecker P, the two-stage DCT, the blocked DCT and one stage, against two baselines measured in the
-same run:
+(k = 16,384), for the Kronecker P, the two-stage DCT, the blocked DCT and one stage, against two baselines measured
+in the same run:
 
 * a dense P (what the subspace avoids storing: 5.6 GB at this size) timed on reduced sizes and scaled to the full
   size by the ratio of multiply-adds, ``(85,822 x 16,384) / (d_small x k_small)`` (a dense product costs d k per
@@ -64,9 +64,7 @@ def mixing_rows(*, dim: int = 4096, rank: int = 1024, block: int = 64) -> list[d
             "P": name,
             "max abs P_ij / sqrt(2 log(dk)/d)": p.abs().max().item() / typical_max,
             f"block energy min (b={block})": energy.min().item(),
-            "block energy 0.1% quantile": energy.flatten()
-            .kthvalue(max(1, energy.numel() // 1000))
-            .values.item(),
+            "block energy 0.1% quantile": energy.flatten().kthvalue(max(1, energy.numel() // 1000)).values.item(),
             "block energy max": energy.max().item(),
             "row leverage min": leverage.min().item(),
             "row leverage max": leverage.max().item(),
@@ -74,8 +72,7 @@ def mixing_rows(*, dim: int = 4096, rank: int = 1024, block: int = 64) -> list[d
 
     rows = []
     for transform, stages in (("dct", 1), ("dct", 2), ("dct", 3), ("blocked-dct", 2), ("kronecker", 0)):
-        sub = make_subspace(dim=dim, rank=rank, seed=0, stages=max(stages, 1), transform=transform,
-                            dtype=torch.float64)
+        sub = make_subspace(dim=dim, rank=rank, seed=0, stages=max(stages, 1), transform=transform, dtype=torch.float64)
         rows.append(stats(transform if transform == "kronecker" else f"{transform}, stages={stages}", sub.dense()))
     gauss = torch.randn(dim, rank, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     rows.append(stats("Haar random (dense QR)", torch.linalg.qr(gauss)[0]))
@@ -126,7 +123,11 @@ def main() -> int:
     configs = [("kronecker", 0), ("dct", 2), ("blocked-dct", 2), ("dct", 1)]
     for transform, stages in configs:
         sub = make_subspace(dim=DIM, rank=RANK, seed=41, stages=max(stages, 1), transform=transform, device=device)
-        name = f"kronecker {sub.d1}x{sub.d2} grid, {sub.k1}x{sub.k2} factors" if stages == 0 else f"{transform}, stages={stages}"
+        name = (
+            f"kronecker {sub.d1}x{sub.d2} grid, {sub.k1}x{sub.k2} factors"
+            if stages == 0
+            else f"{transform}, stages={stages}"
+        )
         stages = max(stages, 1)
         t_exp = timed(lambda sub=sub: sub.expand(a1))
         t_proj = timed(lambda sub=sub: sub.project(grads))

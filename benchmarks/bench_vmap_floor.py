@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report  # noqa: E402
+from harness import report
 
-from fedtailor.models.pflnets import DNN, FedAvgCNN  # noqa: E402
+from fedtailor.models.pflnets import DNN, FedAvgCNN
 
 
 def _time(fn, repeat: int) -> float:
@@ -57,15 +57,28 @@ def main() -> None:
 
         repeat = args.repeat if model_cls is DNN else max(3, args.repeat // 10)
         t_vmap, t_loop = _time(lambda: step(stacked, xs, ys), repeat), _time(loop, repeat)
-        rows.append({"what": f"{model_cls.__name__}: one vmap step of 20 clients", "ms": 1e3 * t_vmap,
-                     "vs 20 single-client steps": t_loop / t_vmap})
-        rows.append({"what": f"{model_cls.__name__}: 20 single-client steps (torch.optim.SGD)", "ms": 1e3 * t_loop,
-                     "vs 20 single-client steps": 1.0})
+        rows.append(
+            {
+                "what": f"{model_cls.__name__}: one vmap step of 20 clients",
+                "ms": 1e3 * t_vmap,
+                "vs 20 single-client steps": t_loop / t_vmap,
+            }
+        )
+        rows.append(
+            {
+                "what": f"{model_cls.__name__}: 20 single-client steps (torch.optim.SGD)",
+                "ms": 1e3 * t_loop,
+                "vs 20 single-client steps": 1.0,
+            }
+        )
     rows += _cnn_alternatives(args.repeat)
     dnn_floor = 52_500 * 784 * 100 * 2 * 2 / (gflops * 1e9)
-    report(f"Executing clients together: the CPU's ceiling, {args.threads} threads", rows,
-           notes=f"Arithmetic floor of a DNN round (52,500 records x first layer forward + weight gradient): "
-                 f"{dnn_floor:.3f} s at the measured rate.")
+    report(
+        f"Executing clients together: the CPU's ceiling, {args.threads} threads",
+        rows,
+        notes=f"Arithmetic floor of a DNN round (52,500 records x first layer forward + weight gradient): "
+        f"{dnn_floor:.3f} s at the measured rate.",
+    )
 
 
 def _cnn_alternatives(repeat: int) -> list[dict]:
@@ -75,8 +88,16 @@ def _cnn_alternatives(repeat: int) -> list[dict]:
     pool, fc 1024->512, fc 512->10), batch 16."""
     c, b = 20, 16
     g = torch.Generator().manual_seed(0)
-    shapes = {"w1": (32, 1, 5, 5), "b1": (32,), "w2": (64, 32, 5, 5), "b2": (64,), "w3": (512, 1024), "b3": (512,),
-              "w4": (10, 512), "b4": (10,)}
+    shapes = {
+        "w1": (32, 1, 5, 5),
+        "b1": (32,),
+        "w2": (64, 32, 5, 5),
+        "b2": (64,),
+        "w3": (512, 1024),
+        "b3": (512,),
+        "w4": (10, 512),
+        "b4": (10,),
+    }
     params = {n: 0.05 * torch.randn(c, *s, generator=g) for n, s in shapes.items()}
     x, y = torch.rand(c, b, 1, 28, 28, generator=g), torch.randint(0, 10, (c, b), generator=g)
 
@@ -116,10 +137,16 @@ def _cnn_alternatives(repeat: int) -> list[dict]:
 
     n = max(3, repeat // 10)
     t_loop = _time(per_client, n)
-    return [{"what": "FedAvgCNN: 20 single-client functional steps", "ms": 1e3 * t_loop, "vs 20 single-client steps": 1.0},
-            *({"what": f"FedAvgCNN: 20 clients as {name}", "ms": 1e3 * t, "vs 20 single-client steps": t_loop / t}
-              for name, t in (("one grouped convolution", _time(grouped, n)),
-                              ("unfold + batched matmul", _time(unfold_bmm, n))))]
+    return [
+        {"what": "FedAvgCNN: 20 single-client functional steps", "ms": 1e3 * t_loop, "vs 20 single-client steps": 1.0},
+        *(
+            {"what": f"FedAvgCNN: 20 clients as {name}", "ms": 1e3 * t, "vs 20 single-client steps": t_loop / t}
+            for name, t in (
+                ("one grouped convolution", _time(grouped, n)),
+                ("unfold + batched matmul", _time(unfold_bmm, n)),
+            )
+        ),
+    ]
 
 
 if __name__ == "__main__":

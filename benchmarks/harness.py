@@ -63,7 +63,7 @@ def markdown_table(rows: list[dict]) -> str:
 def report(title: str, rows: list[dict], *, notes: str = "", save: bool = True) -> str:
     """Print a markdown section (title, command, machine, date, table, notes) and append it to RESULTS.md."""
     cmd = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = (
         f"## {title}\n\n- command: `{cmd}`\n- machine: {machine()}\n- date: {when}\n\n"
         + markdown_table(rows)

@@ -47,7 +47,7 @@ def labels(runs: list[Path], methods: list[str]) -> list[str]:
 
 def second_half_mean(history: list[dict], key: str) -> float:
     vals = [h[key] for h in history if h.get(key) is not None]
-    vals = vals[len(vals) // 2:]
+    vals = vals[len(vals) // 2 :]
     return sum(vals) / len(vals) if vals else float("nan")
 
 
@@ -57,27 +57,41 @@ def last_median(history: list[dict], key: str, last: int = 10) -> float:
 
 
 def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
-    out = ["| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss, second half "
-           "| base-grad norm, second half | base-grad norm, median of last 10 |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss, second half "
+        "| base-grad norm, second half | base-grad norm, median of last 10 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for (_, results, hist), name in zip(runs, labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])):
         s = results["summary"]
-        out.append(f"| {name} | {results['rounds_completed']} | {s.get('seen/train_accuracy', float('nan')):.3f} "
-                   f"| {s.get('seen/accuracy', float('nan')):.3f} | {s.get('seen/loss', float('nan')):.3f} "
-                   f"| {second_half_mean(hist, 'loss'):.3f} | {second_half_mean(hist, 'base_grad_norm'):.3g} "
-                   f"| {last_median(hist, 'base_grad_norm'):.3g} |")
+        out.append(
+            f"| {name} | {results['rounds_completed']} | {s.get('seen/train_accuracy', float('nan')):.3f} "
+            f"| {s.get('seen/accuracy', float('nan')):.3f} | {s.get('seen/loss', float('nan')):.3f} "
+            f"| {second_half_mean(hist, 'loss'):.3f} | {second_half_mean(hist, 'base_grad_norm'):.3g} "
+            f"| {last_median(hist, 'base_grad_norm'):.3g} |"
+        )
     names = labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])
     diag = [(name, h) for (_, _, hist), name in zip(runs, names) for h in hist if h.get("kappa2") is not None]
     if diag:
-        out += ["", "| method | round | kappa^2 (adapters off) | kappa_eff^2 (on) | adapted part | other part "
-                "| mean adapter-grad sq. | kappa^2 / ||g_bar||^2 |", "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "| method | round | kappa^2 (adapters off) | kappa_eff^2 (on) | adapted part | other part "
+            "| mean adapter-grad sq. | kappa^2 / ||g_bar||^2 |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for method, h in diag:
-            out.append(f"| {method} | {h['round']} | " + " | ".join(
-                f"{h[k]:.3g}" if h.get(k) is not None else "-" for k in KAPPA) + " |")
+            out.append(
+                f"| {method} | {h['round']} | "
+                + " | ".join(f"{h[k]:.3g}" if h.get(k) is not None else "-" for k in KAPPA)
+                + " |"
+            )
         for (_, _, hist), name in zip(runs, names):
             ks = [h["kappa2"] for h in hist if h.get("kappa2") is not None]
             if len(ks) > 1:
-                out.append(f"\n{name}: kappa^2 {ks[0]:.3g} -> {ks[-1]:.3g} "
-                           f"({100 * (ks[-1] - ks[0]) / ks[0]:+.0f}%), minimum {min(ks):.3g}")
+                out.append(
+                    f"\n{name}: kappa^2 {ks[0]:.3g} -> {ks[-1]:.3g} "
+                    f"({100 * (ks[-1] - ks[0]) / ks[0]:+.0f}%), minimum {min(ks):.3g}"
+                )
     return "\n".join(out)
 
 
@@ -89,11 +103,16 @@ def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
 
     has_kappa = any("kappa2" in h for _, _, hist in runs for h in hist)
     panels = ["loss", "base_grad_norm", "seen/train_accuracy", "seen/accuracy", "per-client"] + (
-        ["kappa2"] if has_kappa else [])
-    titles = {"loss": "(a) DPO loss", "base_grad_norm": "(b) base-gradient norm (before clipping)",
-              "seen/train_accuracy": "(c) training reward accuracy", "seen/accuracy": "(d) held-out reward accuracy",
-              "per-client": "(e) per client, final: held-out (bars), training (-)",
-              "kappa2": "(f) kappa^2: adapters off (solid), on (dashed)"}
+        ["kappa2"] if has_kappa else []
+    )
+    titles = {
+        "loss": "(a) DPO loss",
+        "base_grad_norm": "(b) base-gradient norm (before clipping)",
+        "seen/train_accuracy": "(c) training reward accuracy",
+        "seen/accuracy": "(d) held-out reward accuracy",
+        "per-client": "(e) per client, final: held-out (bars), training (-)",
+        "kappa2": "(f) kappa^2: adapters off (solid), on (dashed)",
+    }
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
     width = 0.8 / len(runs)
     names = labels([r for r, _, _ in runs], [r["method"] for _, r, _ in runs])
@@ -108,8 +127,9 @@ def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
             pts = [(h["round"], h[key]) for h in hist if h.get(key) is not None]
             if not pts:
                 continue
-            line, = ax.plot(*zip(*pts), label=label, marker=None if key in ("loss", "base_grad_norm") else "o",
-                            ms=3, lw=1)
+            (line,) = ax.plot(
+                *zip(*pts), label=label, marker=None if key in ("loss", "base_grad_norm") else "o", ms=3, lw=1
+            )
             eff = [(h["round"], h["kappa2_eff"]) for h in hist if h.get("kappa2_eff") is not None]
             if key == "kappa2" and eff and results["method"] == "pfeddpo":  # FedDPO has no adapters: eff = off
                 ax.plot(*zip(*eff), ls="--", marker="x", ms=3, lw=1, color=line.get_color())
@@ -135,8 +155,10 @@ def main() -> None:
     args = ap.parse_args()
     missing = [str(r) for r in args.runs if not (r / "results.json").exists()]
     if missing:
-        ap.error(f"not finished runs (no results.json): {', '.join(missing)}; finish them with fedtailor reproduce "
-                 "or fedtailor run --resume.")
+        ap.error(
+            f"not finished runs (no results.json): {', '.join(missing)}; finish them with fedtailor reproduce "
+            "or fedtailor run --resume."
+        )
     runs = [(r, *load(r)) for r in args.runs]
     figure(runs, args.png)
     text = tables(runs)

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 
-
 def bases() -> tuple[str, ...]:
     """Every registered base FedLAG wraps (:func:`fedtailor.fl.registry.fedlag_bases`)."""
     from fedtailor.fl.registry import fedlag_bases
@@ -60,17 +59,24 @@ def sections(folder: Path) -> list[tuple[str, Path, Path]]:
     """(title, main folder, fixed folder) of each section in ``folder``: a sweep pair or the reproduce blocks."""
     if (folder / "main").is_dir():
         return [(folder.name, folder / "main", folder / "fixed")]
-    found = [(f"{folder.name} {m.name[len('main-'):]}", m, folder / f"fixed-{m.name[len('main-'):]}")
-             for m in sorted(folder.glob("main-*")) if m.is_dir()]
+    found = [
+        (f"{folder.name} {m.name[len('main-') :]}", m, folder / f"fixed-{m.name[len('main-') :]}")
+        for m in sorted(folder.glob("main-*"))
+        if m.is_dir()
+    ]
     if not found:
-        raise SystemExit(f"fedlag_report: {folder} has neither main/ nor main-<tag>/ folders; pass a sweep folder "
-                         "of docs/fedlag.md or an experiment folder of `fedtailor reproduce fedlag-...`")
+        raise SystemExit(
+            f"fedlag_report: {folder} has neither main/ nor main-<tag>/ folders; pass a sweep folder "
+            "of docs/fedlag.md or an experiment folder of `fedtailor reproduce fedlag-...`"
+        )
     return found
 
 
 def table(main: Path, fixed: Path) -> list[str]:
-    lines = ["| base | without FedLAG | with FedLAG (top_k = 2) | paired difference | seeds | personal layers (seed 41) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| base | without FedLAG | with FedLAG (top_k = 2) | paired difference | seeds | personal layers (seed 41) |",
+        "|---|---|---|---|---|---|",
+    ]
     for base in bases():
         if not (main / f"name={base}_top_k=0").exists() and not (main / f"name={base}_top_k=2").exists():
             continue
@@ -81,11 +87,16 @@ def table(main: Path, fixed: Path) -> list[str]:
         r41 = main / f"name={base}_top_k=2" / "seed41" / "results.json"
         if r41.exists():
             chosen = ", ".join(json.loads(r41.read_text())["method_summary"].get("fedlag_personal", []))
-        lines.append(f"| {base} | {_fmt(list(off.values()))} | {_fmt(list(on.values()))} | {_fmt(diff)} | "
-                     f"{len(both)} | {chosen} |")
+        lines.append(
+            f"| {base} | {_fmt(list(off.values()))} | {_fmt(list(on.values()))} | {_fmt(diff)} | "
+            f"{len(both)} | {chosen} |"
+        )
     if fixed.exists():
-        lines += ["", "| FedAvg + personal layers chosen by | accuracy | seeds | personal layers (seeds) |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "| FedAvg + personal layers chosen by | accuracy | seeds | personal layers (seeds) |",
+            "|---|---|---|---|",
+        ]
         rows = [("conflict score (FedLAG)", main / "name=fedavg_top_k=2")]
         rows += [(f"fixed {c.capitalize()}-K", fixed / f"choice={c}") for c in ("first", "middle", "last")]
         module = fixed.parent / fixed.name.replace("fixed", "unit", 1) / "unit=module"
@@ -103,8 +114,13 @@ def heatmap(folders: list[Path], png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(title, main, b) for f in folders for title, main, _ in sections(f) for b in ("fedavg", "fedper")
-            if (main / f"name={b}_top_k=2" / "seed41" / "results.json").exists()]
+    runs = [
+        (title, main, b)
+        for f in folders
+        for title, main, _ in sections(f)
+        for b in ("fedavg", "fedper")
+        if (main / f"name={b}_top_k=2" / "seed41" / "results.json").exists()
+    ]
     if not runs:
         return
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), squeeze=False)

@@ -17,10 +17,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from fedtailor.report import load_run  # noqa: E402
+from fedtailor.report import load_run
 
 
 def curves(point: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -45,15 +45,27 @@ def main() -> int:
     ap.add_argument("--png", type=Path, required=True)
     ap.add_argument("--table", type=Path, required=True)
     ap.add_argument("--title", default="")
-    ap.add_argument("--label", action="append", default=[], metavar="POINT=TEXT",
-                    help="legend text for a grid point (text without '='), e.g. 'val-cos/lr=0.1=cosine, lr 0.1'")
+    ap.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="POINT=TEXT",
+        help="legend text for a grid point (text without '='), e.g. 'val-cos/lr=0.1=cosine, lr 0.1'",
+    )
     args = ap.parse_args()
     names = dict(item.rsplit("=", 1) for item in args.label)  # grid points contain "=", the text must not
-    points = [(names.get(f"{s.name}/{p.name}", f"{s.name}/{p.name}"), p)
-              for s in args.sweeps for p in sorted(s.iterdir()) if p.is_dir()]
+    points = [
+        (names.get(f"{s.name}/{p.name}", f"{s.name}/{p.name}"), p)
+        for s in args.sweeps
+        for p in sorted(s.iterdir())
+        if p.is_dir()
+    ]
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    rows = ["| setting | seeds | final (mean +- std) | best over rounds (mean) | late swing (max - min, last "
-            f"{args.last} evaluations) |", "|---|---|---|---|---|"]
+    rows = [
+        "| setting | seeds | final (mean +- std) | best over rounds (mean) | late swing (max - min, last "
+        f"{args.last} evaluations) |",
+        "|---|---|---|---|---|",
+    ]
     for label, point in points:
         rounds, values = curves(point, args.metric)
         if values.size == 0:
@@ -61,11 +73,14 @@ def main() -> int:
         mean = values.mean(0)
         ax.plot(rounds, 100 * mean, label=f"{label} ({len(values)} seeds)")
         ax.fill_between(rounds, 100 * values.min(0), 100 * values.max(0), alpha=0.15)
-        late = values[:, -args.last:]
+        late = values[:, -args.last :]
         swing = float((late.max(1) - late.min(1)).mean())
         final = values[:, -1]
-        rows.append(f"| {label} | {len(values)} | {100 * final.mean():.2f} +- {100 * final.std(ddof=1) if len(final) > 1 else 0:.2f}"
-                    f" | {100 * values.max(1).mean():.2f} | {100 * swing:.2f} |")
+        rows.append(
+            f"| {label} | {len(values)} | {100 * final.mean():.2f} "
+            f"+- {100 * final.std(ddof=1) if len(final) > 1 else 0:.2f}"
+            f" | {100 * values.max(1).mean():.2f} | {100 * swing:.2f} |"
+        )
     ax.set_xlabel("round")
     ax.set_ylabel(f"{args.metric} (%)")
     ax.set_title(args.title or f"{args.metric}: mean over seeds, band = min..max")

@@ -30,13 +30,20 @@ def test_a_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path
     setup = build_setup(load_config(None, RESUMED[name]))
     full = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False)
     ckpt = tmp_path / "checkpoint.pt"
-    run_federated(build_method(setup), setup.clients, setup.schedule, progress=False, checkpoint=ckpt,
-                  checkpoint_every=1, stop_after=2)
+    run_federated(
+        build_method(setup),
+        setup.clients,
+        setup.schedule,
+        progress=False,
+        checkpoint=ckpt,
+        checkpoint_every=1,
+        stop_after=2,
+    )
     resumed = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False, checkpoint=ckpt)
     assert torch.equal(_flat(full.state.server), _flat(resumed.state.server))  # bit for bit
     assert full.evaluation == resumed.evaluation
-    strip = lambda hist: [{k: v for k, v in h.items() if k != "seconds"} for h in hist]  # noqa: E731
-    assert strip(full.history) == strip(resumed.history)[-len(full.history):]
+    strip = lambda hist: [{k: v for k, v in h.items() if k != "seconds"} for h in hist]
+    assert strip(full.history) == strip(resumed.history)[-len(full.history) :]
 
 
 class _Boom:  # what a hostile checkpoint carries: unpickling it would call os.system
@@ -69,8 +76,19 @@ def test_pfeddpo_resumes_exactly_with_its_adapters_and_their_optimizer_state(tmp
     from fedtailor.methods.dpo.pfeddpo_test import _clients
 
     def method():
-        return PFedDPO(model=tiny_llama(seed=3), personal=personal, beta=0.5, lr=3e-3, local_steps=2, batch_size=4,
-                       grad_clip=1.0, seed=0, rounds=4, lora_rank=2, lora_alpha=4)
+        return PFedDPO(
+            model=tiny_llama(seed=3),
+            personal=personal,
+            beta=0.5,
+            lr=3e-3,
+            local_steps=2,
+            batch_size=4,
+            grad_clip=1.0,
+            seed=0,
+            rounds=4,
+            lora_rank=2,
+            lora_alpha=4,
+        )
 
     clients, schedule = _clients(), np.tile(np.arange(3), (4, 1))
     full = run_federated(method(), clients, schedule, progress=False)

@@ -6,13 +6,21 @@ import pytest
 
 from fedtailor.cli import main
 
+
 def test_run_writes_a_complete_run_directory_and_report(tmp_path, capsys, tiny):
     out = tmp_path / "run"
     assert main(["run", *tiny, "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "Seen   accuracy" in text and "Future accuracy" in text and "per-client results" in text
-    for name in ("config.json", "metrics.jsonl", "results.json", "clients.csv", "checkpoint.pt",
-                 "learning_curves.png", "per_client_accuracy.png"):
+    for name in (
+        "config.json",
+        "metrics.jsonl",
+        "results.json",
+        "clients.csv",
+        "checkpoint.pt",
+        "learning_curves.png",
+        "per_client_accuracy.png",
+    ):
         assert (out / name).exists(), name
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3, 4]
@@ -31,8 +39,10 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, tiny):
     assert main(["run", *tiny, "--out", str(part), "--no-progress", "--no-plots", "--resume"]) == 0
     a, b = (json.loads((d / "results.json").read_text()) for d in (full, part))
     assert a["per_client"] == b["per_client"] and a["summary"] == b["summary"]
-    strip = lambda d: [{k: v for k, v in json.loads(x).items() if k != "seconds"}  # noqa: E731
-                       for x in (d / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda d: [
+        {k: v for k, v in json.loads(x).items() if k != "seconds"}
+        for x in (d / "metrics.jsonl").read_text().splitlines()
+    ]
     assert strip(full) == strip(part)
 
 
@@ -61,8 +71,10 @@ def test_sweep_aggregates_over_seeds_and_resumes(tmp_path, tiny, capsys, monkeyp
     assert main(args) == 0
     rows = json.loads((out / "sweep.json").read_text())
     assert [r["method.lr"] for r in rows] == ["0.05", "0.2"]
-    per_seed = [json.loads((out / "lr=0.05" / f"seed{s}" / "results.json").read_text())["summary"]["seen/accuracy"]
-                for s in (1, 2)]
+    per_seed = [
+        json.loads((out / "lr=0.05" / f"seed{s}" / "results.json").read_text())["summary"]["seen/accuracy"]
+        for s in (1, 2)
+    ]
     mean = 100 * sum(per_seed) / 2
     assert rows[0]["seen/accuracy"].startswith(f"{mean:.2f} +- ")  # mean over seeds of per-client means
     import fedtailor.sweep as sweep
@@ -84,8 +96,17 @@ def test_resume_with_a_changed_config_is_refused(tmp_path, capsys, tiny):
 def test_a_privacy_budget_refusal_is_one_clear_line(tmp_path, capsys):
     """A fixed sigma too small for the schedule: the budget guard refuses before any release, and the CLI says
     which client would exceed the target and how to fix it."""
-    args = ["run", "configs/compact/mnist-eps16.toml", "--set", "method.privacy.sigma=0.001", "--set",
-            "federation.rounds=20", "--out", str(tmp_path / "run"), "--no-progress"]
+    args = [
+        "run",
+        "configs/compact/mnist-eps16.toml",
+        "--set",
+        "method.privacy.sigma=0.001",
+        "--set",
+        "federation.rounds=20",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "would reach eps" in err and "above the target eps = 16" in err and "Raise sigma" in err
@@ -121,10 +142,12 @@ def test_the_core_never_imports_the_language_model_stack():
     import subprocess
     import sys
 
-    code = ("import sys; from fedtailor.cli import build_parser; from fedtailor.config import load_config; "
-            "from fedtailor.experiment import build_method, build_setup; build_parser(); "
-            "load_config('configs/pfeddpo/hh-rlhf.toml'); "
-            "cfg = load_config(None, ['data.dataset=\"digits\"', 'method.name=\"fedavg\"', 'method.model=\"mlp\"', "
-            "'data.context_size=20', 'data.num_clients=6', 'data.num_unseen=1']); build_method(build_setup(cfg)); "
-            "bad = [m for m in ('transformers', 'peft', 'gguf', 'flwr') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys; from fedtailor.cli import build_parser; from fedtailor.config import load_config; "
+        "from fedtailor.experiment import build_method, build_setup; build_parser(); "
+        "load_config('configs/pfeddpo/hh-rlhf.toml'); "
+        "cfg = load_config(None, ['data.dataset=\"digits\"', 'method.name=\"fedavg\"', 'method.model=\"mlp\"', "
+        "'data.context_size=20', 'data.num_clients=6', 'data.num_unseen=1']); build_method(build_setup(cfg)); "
+        "bad = [m for m in ('transformers', 'peft', 'gguf', 'flwr') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

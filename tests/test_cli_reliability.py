@@ -10,15 +10,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_TOML
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import TINY_TOML
 from fedtailor.cli import main
 
-COMPACT_SMALL = ['method.name="compact"', 'data.dataset="mnist-5k"', "data.num_clients=10", "data.num_unseen=2",
-                 "data.context_size=60", "federation.rounds=3", "method.coef_dim=512", "method.hidden_dim=8",
-                 "method.privacy.batch_size=60", 'method.privacy.randomness="simulation"']
+COMPACT_SMALL = [
+    'method.name="compact"',
+    'data.dataset="mnist-5k"',
+    "data.num_clients=10",
+    "data.num_unseen=2",
+    "data.context_size=60",
+    "federation.rounds=3",
+    "method.coef_dim=512",
+    "method.hidden_dim=8",
+    "method.privacy.batch_size=60",
+    'method.privacy.randomness="simulation"',
+]
 
 
 def _fails(capsys, argv: list[str], *, code: int = 2) -> str:
@@ -42,16 +51,25 @@ def test_a_failed_start_leaves_no_directory_and_the_fixed_command_runs(tmp_path,
 def test_a_method_failing_in_its_first_round_removes_what_the_call_created(tmp_path, capsys):
     """An m_g larger than a client's training records only shows when the client trains (round 1)."""
     out = tmp_path / "run"
-    err = _fails(capsys, ["run", "--out", str(out), "--no-progress", *[f"--set={s}" for s in COMPACT_SMALL],
-                          "--set", "method.privacy.batch_size=5000"])
+    err = _fails(
+        capsys,
+        [
+            "run",
+            "--out",
+            str(out),
+            "--no-progress",
+            *[f"--set={s}" for s in COMPACT_SMALL],
+            "--set",
+            "method.privacy.batch_size=5000",
+        ],
+    )
     assert "m_g=5000" in err and not out.exists()
 
 
 def test_resume_names_the_changed_keys_and_refuses_a_directory_without_config(tmp_path, capsys, tiny):
     out = tmp_path / "run"
     assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--stop-after", "1"]) == 0
-    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--resume", "--set", "method.lr=0.2",
-                          "--set", "seed=7"])
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--resume", "--set", "method.lr=0.2", "--set", "seed=7"])
     assert "method.lr (was 0.1, now 0.2)" in err and "seed (was 41, now 7)" in err
     other = tmp_path / "other"
     other.mkdir()
@@ -85,9 +103,22 @@ def test_divergence_is_an_error_not_a_result(tmp_path, capsys, tiny):
 
 def test_a_private_run_with_a_huge_sigma_is_stopped_and_files_stay_valid_json(tmp_path, capsys):
     out = tmp_path / "run"  # round 1 has no evaluation, so it is recorded; round 2's evaluation diverges
-    err = _fails(capsys, ["run", "--out", str(out), "--no-progress", *[f"--set={s}" for s in COMPACT_SMALL],
-                          "--set", "method.privacy.epsilon=0.0001", "--set", "federation.eval_every=2",
-                          "--set", "federation.checkpoint_every=1"])
+    err = _fails(
+        capsys,
+        [
+            "run",
+            "--out",
+            str(out),
+            "--no-progress",
+            *[f"--set={s}" for s in COMPACT_SMALL],
+            "--set",
+            "method.privacy.epsilon=0.0001",
+            "--set",
+            "federation.eval_every=2",
+            "--set",
+            "federation.checkpoint_every=1",
+        ],
+    )
     assert "diverged" in err and "epsilon" in err and "round 2" in err
     for line in (out / "metrics.jsonl").read_text().splitlines():
         json.loads(line)  # strict JSON (no bare NaN)
@@ -137,7 +168,18 @@ def test_ordinary_mistakes_are_one_line(tmp_path, capsys, tiny):
     np.save(tmp_path / "empty.npy", np.array([]))
     np.save(tmp_path / "scalar.npy", np.array(3.0))
     np.save(tmp_path / "text.npy", np.array(["a", "b"]))
-    codec = ["codec", "roundtrip", "--codec", "lrsuq", "--sigma", "0.1", "--seed", "1", "--out", str(tmp_path / "o.npz")]
+    codec = [
+        "codec",
+        "roundtrip",
+        "--codec",
+        "lrsuq",
+        "--sigma",
+        "0.1",
+        "--seed",
+        "1",
+        "--out",
+        str(tmp_path / "o.npz"),
+    ]
     cases = {
         "is a directory": ["run", str(tmp_path / "adir")],
         "not valid YAML (line 2": ["run", str(tmp_path / "bad.yaml")],
@@ -206,19 +248,30 @@ def test_random_bytes_never_produce_a_traceback(blob, stopped_run, tmp_path_fact
         # a blob that happens to be a valid config still fails fast on the unknown dataset: nothing is trained
         _fails(capsys, ["run", str(path), "--set", 'data.dataset="nope"', "--out", str(work / "x")])
     (work / "u.npy").write_bytes(blob)
-    _fails(capsys, ["codec", "roundtrip", "--sigma", "0.1", "--seed", "1", "--input", str(work / "u.npy"),
-                    "--out", str(work / "o.npz")])
+    _fails(
+        capsys,
+        [
+            "codec",
+            "roundtrip",
+            "--sigma",
+            "0.1",
+            "--seed",
+            "1",
+            "--input",
+            str(work / "u.npy"),
+            "--out",
+            str(work / "o.npz"),
+        ],
+    )
 
 
 @pytest.mark.parametrize("name", ["../../etc", "a/b", "..", ".hidden", ""])
-def test_a_run_name_that_is_not_one_plain_path_component_is_refused(tmp_path, capsys, tiny, monkeypatch,
-                                                                    name):
+def test_a_run_name_that_is_not_one_plain_path_component_is_refused(tmp_path, capsys, tiny, monkeypatch, name):
     """``name`` becomes the run directory OUT_DIR/NAME-seedSEED: it must not climb out of OUT_DIR."""
     monkeypatch.chdir(tmp_path)
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
-    err = _fails(capsys, ["run", *tiny, "--no-progress", "--set", f'name="{name}"', "--set",
-                          f'out_dir="{work}"'])
+    err = _fails(capsys, ["run", *tiny, "--no-progress", "--set", f'name="{name}"', "--set", f'out_dir="{work}"'])
     assert err.startswith("fedtailor run: error: invalid config: name: must be a plain name")
     assert repr(name) in err
     assert not any(tmp_path.rglob("config.json"))
@@ -226,8 +279,12 @@ def test_a_run_name_that_is_not_one_plain_path_component_is_refused(tmp_path, ca
 
 def test_a_sweep_grid_value_with_a_path_in_it_stays_inside_the_sweep_directory(tmp_path, capsys, tiny):
     out = tmp_path / "a" / "b" / "sw"
-    assert main(["sweep", *tiny, "--grid", "out_dir=../../../escaped,x", "--out", str(out), "--seeds", "1",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            ["sweep", *tiny, "--grid", "out_dir=../../../escaped,x", "--out", str(out), "--seeds", "1", "--no-progress"]
+        )
+        == 0
+    )
     results = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("results.json"))
     assert len(results) == 2 and all(p.parts[:3] == ("a", "b", "sw") and len(p.parts) == 6 for p in results)
     assert not (tmp_path / "a" / "b" / "escaped").exists()
@@ -251,15 +308,17 @@ IMPOSSIBLE = {  # argv (TINY stands for the tiny config) -> what the one line mu
     "jobs 0": (["reproduce", "--jobs", "0", "--list"], "argument --jobs: must be >= 1, got 0"),
     "jobs -2": (["reproduce", "--jobs", "-2", "--list"], "argument --jobs: must be >= 1, got -2"),
     "stop-after 0": (["run", "TINY", "--stop-after", "0"], "argument --stop-after: must be >= 1, got 0"),
-    "seeds reversed": (["sweep", "TINY", "--seeds", "45-41", "--out", "OUT"],
-                       "--seeds: the range '45-41' is empty"),
+    "seeds reversed": (["sweep", "TINY", "--seeds", "45-41", "--out", "OUT"], "--seeds: the range '45-41' is empty"),
     "seeds twice": (["sweep", "TINY", "--seeds", "41,42,41", "--out", "OUT"], "gives seed 41 more than once"),
-    "grid value twice": (["sweep", "TINY", "--grid", "method.lr=0.1,0.1", "--out", "OUT", "--seeds", "1"],
-                         "lists 0.1 more than once"),
-    "grid key twice": (["sweep", "TINY", "--grid", "method.lr=0.1", "--grid", "method.lr=0.2", "--out", "OUT",
-                        "--seeds", "1"], "--grid method.lr is given twice"),
-    "grid seed": (["sweep", "TINY", "--grid", "seed=1,2", "--out", "OUT"],
-                  "--grid seed=...: a sweep takes its seeds"),
+    "grid value twice": (
+        ["sweep", "TINY", "--grid", "method.lr=0.1,0.1", "--out", "OUT", "--seeds", "1"],
+        "lists 0.1 more than once",
+    ),
+    "grid key twice": (
+        ["sweep", "TINY", "--grid", "method.lr=0.1", "--grid", "method.lr=0.2", "--out", "OUT", "--seeds", "1"],
+        "--grid method.lr is given twice",
+    ),
+    "grid seed": (["sweep", "TINY", "--grid", "seed=1,2", "--out", "OUT"], "--grid seed=...: a sweep takes its seeds"),
     "set seed": (["sweep", "TINY", "--set", "seed=3", "--out", "OUT"], "--set seed=...: a sweep takes"),
     "rounds -5": ([*CALIBRATE, "--rounds", "-5"], "argument --rounds: must be >= 1, got -5"),
     "rounds 0": ([*CALIBRATE, "--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
@@ -275,13 +334,16 @@ IMPOSSIBLE = {  # argv (TINY stands for the tiny config) -> what the one line mu
     "clip inf": ([*CALIBRATE, "--clip", "inf"], "argument --clip: must be a finite number > 0"),
     "unseen = clients": ([*PARTITION, "--unseen", "5"], "--unseen 5 must be smaller than --clients 5"),
     "alpha 0": ([*PARTITION, "--alpha", "0"], "argument --alpha: must be a finite number > 0"),
-    "eval-fraction 1.5": ([*PARTITION, "--eval-fraction", "1.5"],
-                          "argument --eval-fraction: must lie strictly between 0 and 1"),
+    "eval-fraction 1.5": (
+        [*PARTITION, "--eval-fraction", "1.5"],
+        "argument --eval-fraction: must lie strictly between 0 and 1",
+    ),
     "max-rows 0": ([*PARTITION, "--max-rows", "0"], "argument --max-rows: must be >= 1, got 0"),
     "partition clients 0": ([*PARTITION, "--clients", "0"], "argument --clients: must be >= 1, got 0"),
-    "sigma inf": (["codec", "roundtrip", "--sigma", "inf", "--seed", "1", "--input", "u.npy", "--out",
-                   "o.npz"],
-                  "argument --sigma: must be a finite number > 0"),
+    "sigma inf": (
+        ["codec", "roundtrip", "--sigma", "inf", "--seed", "1", "--input", "u.npy", "--out", "o.npz"],
+        "argument --sigma: must be a finite number > 0",
+    ),
     "norm inf": (["codec", "bench", "--norm", "inf"], "argument --norm: must be a finite number > 0"),
 }
 
@@ -322,10 +384,17 @@ def test_ctrl_c_while_fedtailor_is_still_importing_is_one_line(tmp_path, tiny, m
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", _INTERRUPT_WHILE_IMPORTING, module, "run", *tiny, "--out",
-                          str(tmp_path / "run")], capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 130 and re.fullmatch(r"fedtailor( run)?: interrupted\.", run.stderr.strip()), \
-        (run.returncode, run.stderr)
+    run = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_WHILE_IMPORTING, module, "run", *tiny, "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 130 and re.fullmatch(r"fedtailor( run)?: interrupted\.", run.stderr.strip()), (
+        run.returncode,
+        run.stderr,
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -336,13 +405,16 @@ def test_calibrating_a_hundred_million_rounds_finishes(tmp_path):
     import sys
 
     argv = ["privacy", "calibrate", "--eps", "16", "--seed", "41", "--rounds", "100000000", "--json"]
-    run = subprocess.run([sys.executable, "-m", "fedtailor", *argv], capture_output=True, text=True, check=False,
-                         timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "fedtailor", *argv], capture_output=True, text=True, check=False, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(run.stdout)
     assert report["t_mean"] == 5_000_000 and report["t_min"] < 5_000_000 < report["t_max"] < 5_020_000
-    assert all(line.startswith("fedtailor privacy calibrate: sampling the 100,000,000-round schedule")
-               for line in run.stderr.splitlines())
+    assert all(
+        line.startswith("fedtailor privacy calibrate: sampling the 100,000,000-round schedule")
+        for line in run.stderr.splitlines()
+    )
 
 
 def _free_port() -> int:
@@ -354,8 +426,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("hub", ["offline flag", "no answer", "hub error"])
-def test_the_shipped_pfeddpo_config_without_its_data_file_names_the_file_and_the_fix(tmp_path, capsys,
-                                                                                     monkeypatch, hub):
+def test_the_shipped_pfeddpo_config_without_its_data_file_names_the_file_and_the_fix(
+    tmp_path, capsys, monkeypatch, hub
+):
     """No local HH-RLHF file and no hub (no network here): one line naming the local path, data.dataset and
     where the file comes from, at once (the hub's retries are not waited for)."""
     datasets = pytest.importorskip("datasets")
@@ -383,11 +456,23 @@ def test_the_shipped_pfeddpo_config_without_its_data_file_names_the_file_and_the
     assert err.startswith("fedtailor run: error: data.dataset 'hh-rlhf': no local copy at " + local)
     assert "Anthropic/hh-rlhf" in err and "harmless-base/test.jsonl.gz" in err
     assert "--set 'data.dataset=\"hh-rlhf:/path/to/test.jsonl.gz\"'" in err
-    assert {"offline flag": "HF_HUB_OFFLINE is set", "no answer": "did not answer",
-            "hub error": "ConnectionError: Couldn't reach"}[hub] in err
+    assert {
+        "offline flag": "HF_HUB_OFFLINE is set",
+        "no answer": "did not answer",
+        "hub error": "ConnectionError: Couldn't reach",
+    }[hub] in err
     assert len(calls) == (hub == "hub error") and not (tmp_path / "run").exists()
-    err = _fails(capsys, ["run", config, "--out", str(tmp_path / "run"), "--set",
-                          f'data.dataset="hh-rlhf:{tmp_path / "nope.jsonl.gz"}"'])
+    err = _fails(
+        capsys,
+        [
+            "run",
+            config,
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            f'data.dataset="hh-rlhf:{tmp_path / "nope.jsonl.gz"}"',
+        ],
+    )
     assert "data.dataset 'hh-rlhf:" in err and "nope.jsonl.gz is not a file" in err
 
 
@@ -395,8 +480,7 @@ def test_a_finite_but_absurd_loss_is_divergence_too(tmp_path, capsys, tiny):
     """FedPer at lr 1e6 (the issue's case): its first round's loss is about 8e24, finite; the run stops as
     diverged, with no results and no directory (no checkpoint had been written)."""
     out = tmp_path / "run"
-    sets = ['method.name="fedper"', "method.lr=1e6", 'method.model="dnn"', 'data.dataset="mnist-5k"',
-            "data.limit=600"]
+    sets = ['method.name="fedper"', "method.lr=1e6", 'method.model="dnn"', 'data.dataset="mnist-5k"', "data.limit=600"]
     err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", *[f"--set={s}" for s in sets]])
     assert "round 1" in err and "loss" in err and "diverged" in err and "method.lr" in err
     assert not out.exists()
@@ -405,8 +489,15 @@ def test_a_finite_but_absurd_loss_is_divergence_too(tmp_path, capsys, tiny):
 def test_the_divergence_rule_stops_at_a_loss_past_the_limit_and_nowhere_else():
     from fedtailor.fl.records import LOSS_LIMIT, TrainingDiverged, check_diverged, diverged_keys
 
-    sane = {"round": 3, "loss": 41.7, "seen/loss": 0.5 * LOSS_LIMIT, "kappa2": 10 * LOSS_LIMIT,
-            "uplink_bytes": 10**12, "clients": [1, 2], "rejected": 0}
+    sane = {
+        "round": 3,
+        "loss": 41.7,
+        "seen/loss": 0.5 * LOSS_LIMIT,
+        "kappa2": 10 * LOSS_LIMIT,
+        "uplink_bytes": 10**12,
+        "clients": [1, 2],
+        "rejected": 0,
+    }
     assert diverged_keys(sane) == []
     check_diverged(sane, 3, "training")
     assert diverged_keys({**sane, "loss": 2.4e24, "seen/loss": float("nan")}) == ["loss", "seen/loss"]

@@ -34,8 +34,9 @@ def _baseline(setup_cfg) -> dict[str, float]:
 
 def test_fedavg_on_real_mnist_learns(tmp_path):
     """FedAvg, LeNet, 8 rounds of 10 clients: seen accuracy >= 80% (chance 10%)."""
-    cfg = load_config(None, ['method.name="fedavg"', "federation.rounds=8", "federation.clients_per_round=10",
-                             "method.lr=0.05"])
+    cfg = load_config(
+        None, ['method.name="fedavg"', "federation.rounds=8", "federation.clients_per_round=10", "method.lr=0.05"]
+    )
     out = run_experiment(cfg, tmp_path / "fedavg", progress=False)
     summary = json.loads((out / "results.json").read_text())["summary"]
     base = _baseline(cfg)
@@ -68,8 +69,10 @@ def test_fedlag_on_real_mnist_learns_with_personal_layers(tmp_path, base):
     """FedLAG around a base, the paper's setup (DNN, 20 clients, alpha 1.0, batch 16, lr 0.005) cut to 6 rounds with
     a 3-round warm-up: two layers become personal and the clients' own models reach >= 85% on their own test splits,
     30 points above their majority-class baseline."""
-    cfg = load_config("configs/fedlag/mnist-dnn-alpha10.toml", [f'method.name="{base}"', "federation.rounds=6",
-                                                                  "method.fedlag.warmup=3"])
+    cfg = load_config(
+        "configs/fedlag/mnist-dnn-alpha10.toml",
+        [f'method.name="{base}"', "federation.rounds=6", "method.fedlag.warmup=3"],
+    )
     out = run_experiment(cfg, tmp_path / base, progress=False)
     results = json.loads((out / "results.json").read_text())
     assert len(results["method_summary"]["fedlag_personal"]) == 2

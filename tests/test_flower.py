@@ -15,6 +15,8 @@ import torch
 
 pytest.importorskip("flwr")
 
+import contextlib
+
 from conftest import TINY_TOML
 from fedtailor.fl.records import Message
 from fedtailor.fl.registry import fedlag_bases, methods
@@ -24,8 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_messages_and_client_state_survive_the_flower_records():
-    msg = Message(arrays={"w": torch.randn(3, 4), "i": torch.arange(5), "h": torch.ones(2, dtype=torch.float16)},
-                  config={"round": 3, "sigma": 0.25, "name": "x", "flag": True, "payload": b"\x00\xffbytes"})
+    msg = Message(
+        arrays={"w": torch.randn(3, 4), "i": torch.arange(5), "h": torch.ones(2, dtype=torch.float16)},
+        config={"round": 3, "sigma": 0.25, "name": "x", "flag": True, "payload": b"\x00\xffbytes"},
+    )
     back = from_records(to_records(msg))
     assert back.config == msg.config
     for k, v in msg.arrays.items():
@@ -49,36 +53,80 @@ class Federation:
         self.home, self.nodes = tmp_path / "flwr", nodes
         self.home.mkdir()
         self.link = _free_port()
-        (self.home / "config.toml").write_text(f'[superlink.deploy]\naddress = "127.0.0.1:{self.link}"\ninsecure = true\n')
+        (self.home / "config.toml").write_text(
+            f'[superlink.deploy]\naddress = "127.0.0.1:{self.link}"\ninsecure = true\n'
+        )
         self.bin = Path(sys.executable).parent
         # the SuperLink starts flower-superexec by name: the environment's bin must be on PATH (unactivated venv)
-        self.env = {**os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1",
-                    "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         self.procs: list[subprocess.Popen] = []
         self.node_logs: list[Path] = []
 
     def __enter__(self) -> Federation:
-        self.procs.append(subprocess.Popen([self.bin / "flower-superlink", "--insecure",
-                                            "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                                            "--port", str(self.link)], env=self.env, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    self.bin / "flower-superlink",
+                    "--insecure",
+                    "--disable-runtime-dependency-installation",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.link),
+                ],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         for _ in range(60):
-            if subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.link}/health"], capture_output=True).returncode == 0:
+            if (
+                subprocess.run(["curl", "-sf", f"http://127.0.0.1:{self.link}/health"], capture_output=True).returncode
+                == 0
+            ):
                 break
             time.sleep(0.5)
         for i in range(self.nodes):
             log = self.home / f"node{i}.log"
             self.node_logs.append(log)
-            self.procs.append(subprocess.Popen([self.bin / "flower-supernode", "--insecure", "--superlink",
-                                                f"127.0.0.1:{self.link}", "--port", str(_free_port()), "--node-config",
-                                                f"partition-id={i}"], env=self.env, stdout=log.open("w"),
-                                               stderr=subprocess.STDOUT, start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        self.bin / "flower-supernode",
+                        "--insecure",
+                        "--superlink",
+                        f"127.0.0.1:{self.link}",
+                        "--port",
+                        str(_free_port()),
+                        "--node-config",
+                        f"partition-id={i}",
+                    ],
+                    env=self.env,
+                    stdout=log.open("w"),
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         return self
 
     def run(self, cfg_path: Path, out: Path, *, wait: bool = True, extra: str = ""):
-        cmd = [self.bin / "flwr", "run", str(REPO), "deploy", "--stream", "-c",
-               f"config='{cfg_path}' out='{out}' {extra}".strip()]
+        cmd = [
+            self.bin / "flwr",
+            "run",
+            str(REPO),
+            "deploy",
+            "--stream",
+            "-c",
+            f"config='{cfg_path}' out='{out}' {extra}".strip(),
+        ]
         if not wait:
             return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=400)
@@ -87,10 +135,8 @@ class Federation:
         """Signal a process and its children (each runs in its own session: a SuperNode's SuperExec too)."""
         import signal  # noqa: F401 - sig comes from it
 
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def __exit__(self, *exc) -> None:
         import signal
@@ -98,10 +144,8 @@ class Federation:
         for p in self.procs:
             self.kill(p, signal.SIGTERM)
         for p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
             self.kill(p, signal.SIGKILL)
 
 
@@ -114,8 +158,11 @@ def _wait_for(path: Path, seconds: float = 60) -> None:
 
 def _tiny(tmp_path: Path, rounds: int) -> Path:
     cfg_path = tmp_path / "tiny.toml"
-    cfg_path.write_text(TINY_TOML.replace("num_clients = 6", "num_clients = 3").replace("num_unseen = 1", "num_unseen = 0")
-                        .replace("rounds = 4", f"rounds = {rounds}"))
+    cfg_path.write_text(
+        TINY_TOML.replace("num_clients = 6", "num_clients = 3")
+        .replace("num_unseen = 1", "num_unseen = 0")
+        .replace("rounds = 4", f"rounds = {rounds}")
+    )
     return cfg_path
 
 
@@ -199,15 +246,33 @@ def _through_records(method, setup):
     return drive_through_records(method, setup)
 
 
-IMAGE = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
-         "data.eval_fraction=0.25", "federation.rounds=2", "federation.clients_per_round=4", 'method.model="mlp"']
+IMAGE = [
+    'data.dataset="digits"',
+    "data.num_clients=4",
+    "data.num_unseen=0",
+    "data.context_size=0",
+    "data.eval_fraction=0.25",
+    "federation.rounds=2",
+    "federation.clients_per_round=4",
+    'method.model="mlp"',
+]
 BASES = fedlag_bases()  # every registered base FedLAG wraps
 FLOWER_PATHS = {
     **{name: [*IMAGE, f'method.name="{name}"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"] for name in BASES},
     **{f"{name} (no FedLAG)": [*IMAGE, f'method.name="{name}"'] for name in BASES},
-    "compact": ['data.dataset="mnist-5k"', "data.num_clients=6", "data.num_unseen=1", "data.context_size=60",
-                "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256", "method.hidden_dim=8",
-                "method.privacy.batch_size=60", 'method.privacy.randomness="simulation"', 'method.variant="ours-lrsuq"'],
+    "compact": [
+        'data.dataset="mnist-5k"',
+        "data.num_clients=6",
+        "data.num_unseen=1",
+        "data.context_size=60",
+        "federation.rounds=2",
+        "federation.clients_per_round=2",
+        "method.coef_dim=256",
+        "method.hidden_dim=8",
+        "method.privacy.batch_size=60",
+        'method.privacy.randomness="simulation"',
+        'method.variant="ours-lrsuq"',
+    ],
 }
 # need the language model: covered by their own tests and test_flower_dpo
 LM = tuple(s.name for s in methods() if s.data == "preferences")
@@ -264,8 +329,19 @@ def test_pfeddpo_through_the_flower_records_keeps_adapters_on_the_nodes():
     from fedtailor.methods.dpo.pfeddpo import PFedDPO
     from fedtailor.methods.dpo.pfeddpo_test import _clients
 
-    method = PFedDPO(model=tiny_llama(seed=3), personal=True, beta=0.5, lr=3e-3, local_steps=2, batch_size=4,
-                     grad_clip=1.0, seed=0, rounds=2, lora_rank=2, lora_alpha=4)
+    method = PFedDPO(
+        model=tiny_llama(seed=3),
+        personal=True,
+        beta=0.5,
+        lr=3e-3,
+        local_steps=2,
+        batch_size=4,
+        grad_clip=1.0,
+        seed=0,
+        rounds=2,
+        lora_rank=2,
+        lora_alpha=4,
+    )
     setup = SimpleNamespace(clients=_clients(), schedule=np.tile(np.arange(3), (2, 1)))
     server, history, evaluation = _through_records(method, setup)
     assert all(not h["lost"] and h["rejected"] == 0 for h in history) and set(evaluation) == {0, 1, 2}
@@ -280,7 +356,9 @@ def test_secure_mode_through_the_adapter_draws_fresh_noise_on_every_node():
     from fedtailor.experiment import build_method, build_setup
 
     def generator(randomness: str):
-        sets = [s for s in FLOWER_PATHS["compact"] if "randomness" not in s] + [f'method.privacy.randomness="{randomness}"']
+        sets = [s for s in FLOWER_PATHS["compact"] if "randomness" not in s] + [
+            f'method.privacy.randomness="{randomness}"'
+        ]
         setup = build_setup(load_config(None, sets))
         server, _, _ = _through_records(build_method(setup), setup)
         return torch.cat([t.reshape(-1) for t in server.omega.values()])
@@ -301,14 +379,33 @@ def test_the_same_apps_run_on_the_simulation_engine(tmp_path):
     cfg_path, out, home = _tiny(tmp_path, 3), tmp_path / "out", tmp_path / "flwr"
     home.mkdir()
     (home / "config.toml").write_text('[superlink.local]\naddress = ":local:"\n')
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "OMP_NUM_THREADS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     try:
-        run = subprocess.run([Path(sys.executable).parent / "flwr", "run", str(REPO), "local", "--stream",
-                              "--federation-config", "num-supernodes=3 client-resources-num-cpus=1",
-                              "-c", f"config='{cfg_path}' out='{out}'"], env=env, capture_output=True, text=True,
-                             timeout=400)
+        run = subprocess.run(
+            [
+                Path(sys.executable).parent / "flwr",
+                "run",
+                str(REPO),
+                "local",
+                "--stream",
+                "--federation-config",
+                "num-supernodes=3 client-resources-num-cpus=1",
+                "-c",
+                f"config='{cfg_path}' out='{out}'",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert "uv sync" not in run.stdout + run.stderr  # nothing was installed at run time
         _wait_for(out / "server_state.pt")
@@ -333,15 +430,37 @@ def test_compact_adaptation_deployed_in_secure_mode_cannot_be_regenerated_from_i
     from fedtailor.experiment import build_method, build_setup
     from fedtailor.fl.loop import run_federated
 
-    sets = ['method.name="compact"', 'data.dataset="mnist-5k"', "data.num_clients=4", "data.num_unseen=1",
-            "data.context_size=60", "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256",
-            "method.hidden_dim=8", "method.privacy.batch_size=60", 'method.variant="ours-lrsuq"']
+    sets = [
+        'method.name="compact"',
+        'data.dataset="mnist-5k"',
+        "data.num_clients=4",
+        "data.num_unseen=1",
+        "data.context_size=60",
+        "federation.rounds=2",
+        "federation.clients_per_round=2",
+        "method.coef_dim=256",
+        "method.hidden_dim=8",
+        "method.privacy.batch_size=60",
+        'method.variant="ours-lrsuq"',
+    ]
     cfg_path, out = tmp_path / "compact.toml", tmp_path / "out"
     cfg_path.write_text("\n")  # the defaults; the run is set by the overrides below (secure is the default)
     with Federation(tmp_path, 4) as fed:
-        run = subprocess.run([fed.bin / "flwr", "run", str(REPO), "deploy", "--stream", "-c",
-                              f"config='{cfg_path}' set='{';'.join(sets)}' out='{out}'"],
-                             env=fed.env, capture_output=True, text=True, timeout=500)
+        run = subprocess.run(
+            [
+                fed.bin / "flwr",
+                "run",
+                str(REPO),
+                "deploy",
+                "--stream",
+                "-c",
+                f"config='{cfg_path}' set='{';'.join(sets)}' out='{out}'",
+            ],
+            env=fed.env,
+            capture_output=True,
+            text=True,
+            timeout=500,
+        )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         _wait_for(out / "server_state.pt")
     results = json.loads((out / "results.json").read_text())
@@ -374,8 +493,11 @@ def test_a_stored_client_state_is_loaded_only_when_it_is_state(tmp_path, monkeyp
     assert torch.equal(back.extra["head"], personal.extra["head"])
     secret = 2**255 + 12345  # a 256-bit codec secret
     assert state_from_bytes(state_to_bytes(CompactClient(secret))) == CompactClient(codec_secret=secret)
-    dpo = DPOClient(adapter={"lora_A": torch.randn(2, 4)}, ref_train=torch.randn(5, 2),
-                    moments={"lora_A": {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 4)}})
+    dpo = DPOClient(
+        adapter={"lora_A": torch.randn(2, 4)},
+        ref_train=torch.randn(5, 2),
+        moments={"lora_A": {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 4)}},
+    )
     back = state_from_bytes(state_to_bytes(dpo))
     assert isinstance(back, DPOClient) and back.ref_eval is None
     assert torch.equal(back.ref_train, dpo.ref_train)

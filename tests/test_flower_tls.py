@@ -32,18 +32,24 @@ from conftest import TINY_TOML
 ROUNDS, CLIENTS = 2, 2  # a deployment round is ~10-20 s here; two rounds show the nodes keep getting work
 
 
-def _certificate(subject: str, key, issuer: x509.Certificate | None, issuer_key, *,
-                 ca: bool) -> x509.Certificate:
+def _certificate(subject: str, key, issuer: x509.Certificate | None, issuer_key, *, ca: bool) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer.subject if issuer else name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=10))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer.subject if issuer else name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=10))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if not ca:  # what the nodes, the flwr CLI and the SuperLink's SuperExec dial
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -61,23 +67,31 @@ def make_pki(folder: Path, node_names: list[str]) -> dict[str, Path]:
     ca = _certificate("fedtailor test CA", ca_key, None, ca_key, ca=True)
     link = _certificate("localhost", link_key, ca, ca_key, ca=False)
     enc = serialization.Encoding
-    files = {"ca": _pem(folder / "ca.crt", ca.public_bytes(enc.PEM)),
-             "cert": _pem(folder / "server.pem", link.public_bytes(enc.PEM)),
-             "key": _pem(folder / "server.key", link_key.private_bytes(
-                 enc.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))}
+    files = {
+        "ca": _pem(folder / "ca.crt", ca.public_bytes(enc.PEM)),
+        "cert": _pem(folder / "server.pem", link.public_bytes(enc.PEM)),
+        "key": _pem(
+            folder / "server.key",
+            link_key.private_bytes(enc.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        ),
+    }
     for name in node_names:
         key = ec.generate_private_key(ec.SECP384R1())
-        files[name] = _pem(folder / name, key.private_bytes(
-            enc.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
-        files[f"{name}.pub"] = _pem(folder / f"{name}.pub", key.public_key().public_bytes(
-            enc.OpenSSH, serialization.PublicFormat.OpenSSH))
-        files[f"{name}.spki"] = _pem(folder / f"{name}.spki.pem", key.public_key().public_bytes(
-            enc.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # how the SuperLink logs a key
+        files[name] = _pem(
+            folder / name, key.private_bytes(enc.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+        )
+        files[f"{name}.pub"] = _pem(
+            folder / f"{name}.pub", key.public_key().public_bytes(enc.OpenSSH, serialization.PublicFormat.OpenSSH)
+        )
+        files[f"{name}.spki"] = _pem(
+            folder / f"{name}.spki.pem",
+            key.public_key().public_bytes(enc.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+        )  # how the SuperLink logs a key
     return files
 
 
 def _json(stdout: str):
-    return json.loads(stdout[stdout.index("{"):])
+    return json.loads(stdout[stdout.index("{") :])
 
 
 class SecureFederation(Federation):
@@ -94,8 +108,9 @@ class SecureFederation(Federation):
         self.env["PATH"] = f"{self.bin}:{self.env.get('PATH', '')}"  # the SuperLink starts `flower-superexec`
         self.names = [f"node{i}" for i in range(nodes)]
         self.pki = make_pki(tmp_path / "pki", [*self.names, "unregistered"])
-        (self.home / "config.toml").write_text(f'[superlink.deploy]\naddress = "127.0.0.1:{self.link}"\n'
-                                               f'root-certificates = "{self.pki["ca"]}"\n')
+        (self.home / "config.toml").write_text(
+            f'[superlink.deploy]\naddress = "127.0.0.1:{self.link}"\nroot-certificates = "{self.pki["ca"]}"\n'
+        )
         self.link_log = self.home / "superlink.log"
         self.node_ids: list[str] = []
         self.intruders: dict[str, subprocess.Popen] = {}
@@ -117,16 +132,30 @@ class SecureFederation(Federation):
             return False
 
     def flwr(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([self.bin / "flwr", *args], env=self.env, capture_output=True, text=True,
-                              timeout=120, check=False)
+        return subprocess.run(
+            [self.bin / "flwr", *args], env=self.env, capture_output=True, text=True, timeout=120, check=False
+        )
 
     def _node(self, name: str, partition: int) -> subprocess.Popen:
         key = ["--auth-supernode-private-key", str(self.pki[name])] if name in self.pki else []
-        return subprocess.Popen([self.bin / "flower-supernode", "--root-certificates", str(self.pki["ca"]),
-                                 "--superlink", f"127.0.0.1:{self.link}", *key, "--port", str(_free_port()),
-                                 "--node-config", f"partition-id={partition}"], env=self.env,
-                                stdout=self.log(name).open("w"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [
+                self.bin / "flower-supernode",
+                "--root-certificates",
+                str(self.pki["ca"]),
+                "--superlink",
+                f"127.0.0.1:{self.link}",
+                *key,
+                "--port",
+                str(_free_port()),
+                "--node-config",
+                f"partition-id={partition}",
+            ],
+            env=self.env,
+            stdout=self.log(name).open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def __enter__(self) -> Self:
         try:
@@ -138,11 +167,29 @@ class SecureFederation(Federation):
 
     def _start(self) -> None:
         p = self.pki
-        self.procs.append(subprocess.Popen(
-            [self.bin / "flower-superlink", "--ssl-ca-certfile", str(p["ca"]), "--ssl-certfile",
-             str(p["cert"]), "--ssl-keyfile", str(p["key"]), "--enable-supernode-auth",
-             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(self.link)],
-            env=self.env, stdout=self.link_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    self.bin / "flower-superlink",
+                    "--ssl-ca-certfile",
+                    str(p["ca"]),
+                    "--ssl-certfile",
+                    str(p["cert"]),
+                    "--ssl-keyfile",
+                    str(p["key"]),
+                    "--enable-supernode-auth",
+                    "--disable-runtime-dependency-installation",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.link),
+                ],
+                env=self.env,
+                stdout=self.link_log.open("w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         for _ in range(240):  # up to about two minutes for the SuperLink to answer over TLS
             if self.https_health():
                 break
@@ -178,10 +225,12 @@ class SecureFederation(Federation):
 
 def _tiny(tmp_path: Path) -> Path:
     cfg_path = tmp_path / "tiny.toml"
-    cfg_path.write_text(TINY_TOML.replace("num_clients = 6", f"num_clients = {CLIENTS}")
-                        .replace("num_unseen = 1", "num_unseen = 0")
-                        .replace("clients_per_round = 3", f"clients_per_round = {CLIENTS}")
-                        .replace("rounds = 4", f"rounds = {ROUNDS}"))
+    cfg_path.write_text(
+        TINY_TOML.replace("num_clients = 6", f"num_clients = {CLIENTS}")
+        .replace("num_unseen = 1", "num_unseen = 0")
+        .replace("clients_per_round = 3", f"clients_per_round = {CLIENTS}")
+        .replace("rounds = 4", f"rounds = {ROUNDS}")
+    )
     return cfg_path
 
 

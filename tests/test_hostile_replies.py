@@ -28,11 +28,28 @@ from fedtailor.fl.records import Message
 from fedtailor.fl.registry import fedlag_bases, methods
 from fedtailor.privacy.ledger import PrivacyLedger
 
-IMAGE = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
-         "data.eval_fraction=0.25", "federation.rounds=2", "federation.clients_per_round=2", 'method.model="mlp"']
-COMPACT = ['data.dataset="mnist-5k"', "data.num_clients=5", "data.num_unseen=1", "data.context_size=60",
-           "federation.rounds=2", "federation.clients_per_round=2", "method.coef_dim=256", "method.hidden_dim=8",
-           "method.privacy.batch_size=60", "method.privacy.epsilon=8"]
+IMAGE = [
+    'data.dataset="digits"',
+    "data.num_clients=4",
+    "data.num_unseen=0",
+    "data.context_size=0",
+    "data.eval_fraction=0.25",
+    "federation.rounds=2",
+    "federation.clients_per_round=2",
+    'method.model="mlp"',
+]
+COMPACT = [
+    'data.dataset="mnist-5k"',
+    "data.num_clients=5",
+    "data.num_unseen=1",
+    "data.context_size=60",
+    "federation.rounds=2",
+    "federation.clients_per_round=2",
+    "method.coef_dim=256",
+    "method.hidden_dim=8",
+    "method.privacy.batch_size=60",
+    "method.privacy.epsilon=8",
+]
 CONFIGS: dict[str, list[str]] = {
     **{n: [*IMAGE, f'method.name="{n}"'] for n in fedlag_bases()},  # every registered base
     "fedlag+fedper": [*IMAGE, 'method.name="fedper"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"],
@@ -81,10 +98,23 @@ def _dpo_case(name: str, phase: str) -> Case:
 
     clients = _clients(n=3)
     sizes = {c: len(d.train["chosen_ids"]) for c, d in clients.items()}
-    args = {"model": tiny_llama(seed=3), "beta": 0.5, "lr": 3e-3, "local_steps": 1, "batch_size": 4, "grad_clip": 1.0,
-            "seed": 0, "rounds": 2, "train_sizes": sizes, "diagnostics_every": 1 if name == "pfeddpo" else 0}
-    method = (CentralizedDPO(pair_length=16, **args) if name == "dpo-central" else
-              PFedDPO(personal=name == "pfeddpo", lora_rank=2, lora_alpha=4, **args))
+    args = {
+        "model": tiny_llama(seed=3),
+        "beta": 0.5,
+        "lr": 3e-3,
+        "local_steps": 1,
+        "batch_size": 4,
+        "grad_clip": 1.0,
+        "seed": 0,
+        "rounds": 2,
+        "train_sizes": sizes,
+        "diagnostics_every": 1 if name == "pfeddpo" else 0,
+    }
+    method = (
+        CentralizedDPO(pair_length=16, **args)
+        if name == "dpo-central"
+        else PFedDPO(personal=name == "pfeddpo", lora_rank=2, lora_alpha=4, **args)
+    )
     state = start(method, {0: clients[0], 1: clients[1]})
     if phase == "setup":
         server = method.init_server()
@@ -123,8 +153,12 @@ def mutations(reply: Message) -> list[tuple[str, Callable[[Message], Message]]]:
     for name, t in list(arrays.items())[:6]:  # a few arrays of each reply (the LM's are many)
         out.append((f"dtype {name}", with_array(name, t.double() if t.dtype != torch.float64 else t.float())))
         out.append((f"shape {name}", with_array(name, t.reshape(-1)[:-1] if t.numel() > 1 else t.reshape(1, 1, -1))))
-        out.append((f"missing {name}", lambda r, n=name: Message(arrays={k: v for k, v in r.arrays.items() if k != n},
-                                                                 config=dict(r.config))))
+        out.append(
+            (
+                f"missing {name}",
+                lambda r, n=name: Message(arrays={k: v for k, v in r.arrays.items() if k != n}, config=dict(r.config)),
+            )
+        )
         if t.is_floating_point():
             for bad in (float("nan"), float("inf"), -float("inf"), 1e30):
                 m = t.clone().reshape(-1)
@@ -135,8 +169,12 @@ def mutations(reply: Message) -> list[tuple[str, Callable[[Message], Message]]]:
             m[0] = -1
             out.append((f"-1 in {name}", with_array(name, m.reshape(t.shape))))
     for name, v in config.items():
-        out.append((f"missing config {name}", lambda r, n=name: Message(arrays=dict(r.arrays),
-                                                                         config={k: x for k, x in r.config.items() if k != n})))
+        out.append(
+            (
+                f"missing config {name}",
+                lambda r, n=name: Message(arrays=dict(r.arrays), config={k: x for k, x in r.config.items() if k != n}),
+            )
+        )
         for o in _other_type(v):
             out.append((f"config {name} = {o!r}", with_config(name, o)))
         if name == "payload":  # a flipped secret is just another secret; a flipped release fails its checks
@@ -213,18 +251,32 @@ def test_every_registered_method_is_covered():
     assert set(METHOD_BUILDERS) <= covered, sorted(set(METHOD_BUILDERS) - covered)
 
 
-@given(cid=st.one_of(st.integers(1, 9), st.integers(-3, -1), st.text(max_size=3), st.none(), st.just(True)),
-       value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3), st.none(),
-                       st.lists(st.integers(), max_size=2), st.booleans(), st.integers(-10**20, 10**20)))
+@given(
+    cid=st.one_of(st.integers(1, 9), st.integers(-3, -1), st.text(max_size=3), st.none(), st.just(True)),
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=3),
+        st.none(),
+        st.lists(st.integers(), max_size=2),
+        st.booleans(),
+        st.integers(-(10**20), 10**20),
+    ),
+)
 @settings(max_examples=200, deadline=None)
 def test_evaluation_replies_are_type_checked(cid, value):
     """A bogus id or a value that is not a finite number is dropped; the rest of the evaluation is kept."""
     replies = {0: {"accuracy": 0.5, "num_examples": 10.0}, cid: {"accuracy": value, "num_examples": 10.0}}
     out = accept_evaluation(replies, asked={0, 1})
     assert out[0] == {"accuracy": 0.5, "num_examples": 10.0}
-    good = (isinstance(cid, int) and not isinstance(cid, bool) and cid in (0, 1)
-            and isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
-            and abs(value) <= 2.0**64)
+    good = (
+        isinstance(cid, int)
+        and not isinstance(cid, bool)
+        and cid in (0, 1)
+        and isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and np.isfinite(value)
+        and abs(value) <= 2.0**64
+    )
     assert (cid in out and cid != 0) == (good and cid == 1)
     for metrics in out.values():
         assert all(isinstance(v, float) and np.isfinite(v) for v in metrics.values())
@@ -245,8 +297,11 @@ def test_both_drivers_reject_a_hostile_reply_and_aggregate_the_rest(driver, name
             reply, state = fit(msg, state, data)
             if data.cid == bad:
                 arrays = {k: v.double() for k, v in reply.arrays.items()}
-                config = ({**reply.config, "payload": reply.config["payload"][:-1]} if "payload" in reply.config
-                          else reply.config)
+                config = (
+                    {**reply.config, "payload": reply.config["payload"][:-1]}
+                    if "payload" in reply.config
+                    else reply.config
+                )
                 reply = Message(arrays=arrays, config=config)
             return reply, state
 
@@ -268,8 +323,9 @@ def test_both_drivers_reject_a_hostile_reply_and_aggregate_the_rest(driver, name
         def exchange(kind, msgs):
             out = {}
             for cid, msg in msgs.items():
-                out[cid], states[cid] = handle(kind, msg, states.get(cid, method.init_client(cid)), method,
-                                               setup.clients[cid])
+                out[cid], states[cid] = handle(
+                    kind, msg, states.get(cid, method.init_client(cid)), method, setup.clients[cid]
+                )
             return out
 
         server, history, _ = drive(method, setup, exchange)

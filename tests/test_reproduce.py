@@ -21,9 +21,14 @@ from fedtailor.config import dump_config
 def registry(tmp_path):
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_TOML)
-    exp = rp.Experiment("tiny", "FedAvg on digits at two learning rates", (
-        rp.Block("lr", str(cfg), (("method.lr", ("0.05", "0.2")),)),), quick=("federation.rounds=2",), seeds=(1, 2),
-        x_axis="lr")
+    exp = rp.Experiment(
+        "tiny",
+        "FedAvg on digits at two learning rates",
+        (rp.Block("lr", str(cfg), (("method.lr", ("0.05", "0.2")),)),),
+        quick=("federation.rounds=2",),
+        seeds=(1, 2),
+        x_axis="lr",
+    )
     return {"tiny": exp}
 
 
@@ -39,25 +44,48 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
     folders = rp.tables(runs, out=out, registry=registry)
     rows = list(csv.DictReader((folders[0] / "table.csv").open()))
     assert [r["point"] for r in rows] == ["lr=0.05", "lr=0.2"] and all(r["seeds"] == "2" for r in rows)
-    accs = [100 * json.loads((out / "tiny" / "lr" / "lr=0.05" / f"seed{s}" / "results.json").read_text())
-            ["summary"]["seen/accuracy"] for s in (1, 2)]
+    accs = [
+        100
+        * json.loads((out / "tiny" / "lr" / "lr=0.05" / f"seed{s}" / "results.json").read_text())["summary"][
+            "seen/accuracy"
+        ]
+        for s in (1, 2)
+    ]
     assert float(rows[0]["seen/accuracy (mean)"]) == pytest.approx(sum(accs) / 2)
     report = rp.html_report(folders, out=out, registry=registry)
     assert all((folders[0] / f).exists() for f in ("table.md", "accuracy.png", "trend.png"))
     # a second call skips every finished run
-    assert rp.execute(runs, jobs=2, progress=lines.append,
-                      command=lambda run: pytest.fail("finished runs must be skipped")) == []
+    assert (
+        rp.execute(
+            runs, jobs=2, progress=lines.append, command=lambda run: pytest.fail("finished runs must be skipped")
+        )
+        == []
+    )
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium not installed (scripts/install.sh --test installs it)")
-    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert dom.count("<tr>") >= 3 and "lr=0.2" in dom  # the table rendered with its rows
     assert 'data-images-loaded="2"' in dom  # and its plots decoded
 
 
 def test_a_bad_point_fails_before_any_run(tmp_path, registry):
-    bad = rp.Experiment("bad", "x", (rp.Block("b", registry["tiny"].blocks[0].config, (("method.lr", ("0.1", "-1")),)),))
+    bad = rp.Experiment(
+        "bad", "x", (rp.Block("b", registry["tiny"].blocks[0].config, (("method.lr", ("0.1", "-1")),)),)
+    )
     with pytest.raises(ValueError, match="bad/b/lr=-1 seed 41: invalid config"):
         rp.plan(["bad"], out=tmp_path, seeds=None, quick=False, registry={"bad": bad})
     with pytest.raises(ValueError, match="unknown experiment"):
@@ -83,9 +111,15 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
     """Replay's shape: a block reads the run directory of another block's run of the same seed; it starts only
     once that run has finished, and is not run at all when that run fails."""
     cfg = registry["tiny"].blocks[0].config
-    exp = rp.Experiment("dep", "x", (rp.Block("late", cfg, sets=('out_dir="{needs}"', "method.lr=0.05"),
-                                              needs="early/lr=0.1"),
-                                     rp.Block("early", cfg, (("method.lr", ("0.1",)),))), seeds=(1, 2))
+    exp = rp.Experiment(
+        "dep",
+        "x",
+        (
+            rp.Block("late", cfg, sets=('out_dir="{needs}"', "method.lr=0.05"), needs="early/lr=0.1"),
+            rp.Block("early", cfg, (("method.lr", ("0.1",)),)),
+        ),
+        seeds=(1, 2),
+    )
     runs = rp.plan(["dep"], out=tmp_path, seeds=None, quick=False, registry={"dep": exp})
     late = [r for r in runs if r.block == "late"]
     assert [str(r.after) for r in late] == [str(tmp_path / "dep/early/lr=0.1" / f"seed{s}") for s in (1, 2)]
@@ -94,12 +128,17 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
 
     def fake(run):  # logs its start, writes a finished results.json, logs its end (seed 2's early fails)
         fail = run.block == "early" and run.seed == 2
-        code = (f"import json, pathlib, time; open({str(log)!r}, 'a').write('start {run.out}\\n'); time.sleep(0.3); "
-                f"p = pathlib.Path({str(run.out)!r}); p.mkdir(parents=True, exist_ok=True); "
-                + ("raise SystemExit(1)" if fail else
-                   "(p / 'results.json').write_text(json.dumps({'rounds': 1, 'rounds_completed': 1})); "
-                   f"(p / 'config.json').write_text({dump_config(run.cfg)!r}); "
-                   f"open({str(log)!r}, 'a').write('end {run.out}\\n')"))
+        code = (
+            f"import json, pathlib, time; open({str(log)!r}, 'a').write('start {run.out}\\n'); time.sleep(0.3); "
+            f"p = pathlib.Path({str(run.out)!r}); p.mkdir(parents=True, exist_ok=True); "
+            + (
+                "raise SystemExit(1)"
+                if fail
+                else "(p / 'results.json').write_text(json.dumps({'rounds': 1, 'rounds_completed': 1})); "
+                f"(p / 'config.json').write_text({dump_config(run.cfg)!r}); "
+                f"open({str(log)!r}, 'a').write('end {run.out}\\n')"
+            )
+        )
         return [sys.executable, "-c", code]
 
     lines: list[str] = []
@@ -119,8 +158,10 @@ def test_the_same_resolved_config_runs_once_and_is_linked(tmp_path, registry):
     Factorized+ctx is Ours-DG) run once: the second is a link to the first, made when the first finishes, and it
     is in the tables like any run. A run directory already there under the second name is kept as its own."""
     cfg = registry["tiny"].blocks[0].config
-    exps = {"a": rp.Experiment("a", "x", (rp.Block("lr", cfg, (("method.lr", ("0.1", "0.2")),)),), seeds=(1,)),
-            "b": rp.Experiment("b", "x", (rp.Block("fixed", cfg, sets=("method.lr=0.1", 'name="other"')),), seeds=(1,))}
+    exps = {
+        "a": rp.Experiment("a", "x", (rp.Block("lr", cfg, (("method.lr", ("0.1", "0.2")),)),), seeds=(1,)),
+        "b": rp.Experiment("b", "x", (rp.Block("fixed", cfg, sets=("method.lr=0.1", 'name="other"')),), seeds=(1,)),
+    }
     runs = rp.plan(["a", "b"], out=tmp_path, seeds=None, quick=False, registry=exps)
     alias = runs[-1]
     assert alias.same_as == alias.after == tmp_path / "a/lr/lr=0.1/seed1" and runs[0].same_as is None
@@ -128,11 +169,15 @@ def test_the_same_resolved_config_runs_once_and_is_linked(tmp_path, registry):
 
     def fake(run):
         started.append(run.out)
-        return [sys.executable, "-c", f"import json, pathlib; p = pathlib.Path({str(run.out)!r}); "
-                "p.mkdir(parents=True); (p / 'results.json').write_text(json.dumps({'rounds': 1, 'name': 'r', "
-                "'method': 'fedavg', 'dataset': 'digits', 'seed': 1, 'rounds_completed': 1, "
-                "'summary': {'seen/accuracy': 0.5}, 'per_client': []})); "
-                f"(p / 'config.json').write_text({dump_config(run.cfg)!r})"]
+        return [
+            sys.executable,
+            "-c",
+            f"import json, pathlib; p = pathlib.Path({str(run.out)!r}); "
+            "p.mkdir(parents=True); (p / 'results.json').write_text(json.dumps({'rounds': 1, 'name': 'r', "
+            "'method': 'fedavg', 'dataset': 'digits', 'seed': 1, 'rounds_completed': 1, "
+            "'summary': {'seen/accuracy': 0.5}, 'per_client': []})); "
+            f"(p / 'config.json').write_text({dump_config(run.cfg)!r})",
+        ]
 
     lines: list[str] = []
     assert rp.execute(runs, jobs=2, progress=lines.append, command=fake) == []
@@ -151,9 +196,24 @@ def test_quick_reproduction_of_shipped_experiments(tmp_path):
     """What CI exercises of ``--quick``: the communication table (compact adaptation with LRSUQ on MNIST) and
     FedLAG's fixed-K block, through the CLI, to the report."""
     out = tmp_path / "repro"
-    proc = subprocess.run([sys.executable, "-m", "fedtailor", "reproduce", "compact-comm-mnist",
-                           "fedlag-mnist/fixed-alpha10", "--quick", "--jobs", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedtailor",
+            "reproduce",
+            "compact-comm-mnist",
+            "fedlag-mnist/fixed-alpha10",
+            "--quick",
+            "--jobs",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "6 done, 0 running, 0 waiting" in proc.stderr
     comm = list(csv.DictReader((out / "compact-comm-mnist" / "table.csv").open()))
@@ -188,8 +248,16 @@ def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):
     takes each row's grid values as they were planned (this once failed the whole ``all --quick`` report)."""
     exp = rp.Experiment("k", "x", (), x_axis="coef_dim", metrics=("seen/accuracy",))
     points = [{"coef_dim": str(d), "top_k": str(t)} for d in (4096, 8192) for t in (0, 2)]
-    rows = [{"block": "b", "point": rp.slug(tuple(p.items())), "seeds": 1, "seen/accuracy (mean)": 50.0 + i,
-             "seen/accuracy (std)": 0.0} for i, p in enumerate(points)]
+    rows = [
+        {
+            "block": "b",
+            "point": rp.slug(tuple(p.items())),
+            "seeds": 1,
+            "seen/accuracy (mean)": 50.0 + i,
+            "seen/accuracy (std)": 0.0,
+        }
+        for i, p in enumerate(points)
+    ]
     assert rows[0]["point"] == "coef_dim=4096_top_k=0"
     rp._trend_plot(rows, points, exp, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
@@ -214,5 +282,6 @@ def test_a_finished_run_counts_only_for_the_config_it_ran(tmp_path):
     with pytest.raises(ValueError, match=r"method.lr \(was 0.1, now 0.2\)"):
         run_sweep(str(cfg_path), seeds=[1], grid=[], overrides=["method.lr=0.2"], out=out, progress=False)
     with pytest.raises(ValueError, match="different config"):
-        run_experiment(load_config(str(cfg_path), ["seed=1", "federation.rounds=2"]), run_dir, resume=True,
-                       progress=False)
+        run_experiment(
+            load_config(str(cfg_path), ["seed=1", "federation.rounds=2"]), run_dir, resume=True, progress=False
+        )

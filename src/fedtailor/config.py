@@ -66,14 +66,20 @@ def method_config(value: Any) -> Any:
         name = getattr(value, "name", None)
         if registry.is_method(name) and isinstance(value, registry.method_spec(name).config):
             return value
-        raise PydanticCustomError("method_config", "a method config of a registered method is expected (got {got})",
-                                  {"got": type(value).__name__})
+        raise PydanticCustomError(
+            "method_config",
+            "a method config of a registered method is expected (got {got})",
+            {"got": type(value).__name__},
+        )
     if not isinstance(value, dict):
         return value  # the model_type error of the field says a table is expected
     name = value.get("name", DEFAULT_METHOD)
     if not registry.is_method(name):
-        raise PydanticCustomError("unknown_method", "unknown method {tag}; allowed: {allowed}",
-                                  {"tag": repr(name), "allowed": ", ".join(map(repr, registry.method_names()))})
+        raise PydanticCustomError(
+            "unknown_method",
+            "unknown method {tag}; allowed: {allowed}",
+            {"tag": repr(name), "allowed": ", ".join(map(repr, registry.method_names()))},
+        )
     return registry.method_spec(name).config.model_validate(value)
 
 
@@ -86,17 +92,24 @@ class DataConfig(_Section):
     alpha: float = Field(0.5, gt=0)
     eval_fraction: float = Field(0.2, gt=0, lt=1)
     validation: float = Field(
-        0.0, ge=0, lt=1, description="> 0: hold out this fraction of each seen client's training records and evaluate "
-        "on it instead of the test split (for choosing hyperparameters; unseen clients are not evaluated)")
+        0.0,
+        ge=0,
+        lt=1,
+        description="> 0: hold out this fraction of each seen client's training records and evaluate "
+        "on it instead of the test split (for choosing hyperparameters; unseen clients are not evaluated)",
+    )
     context_size: int = Field(333, ge=0, description="m_c, records of each client's context (0: none)")
-    min_records: int = Field(0, ge=0, description="every client gets at least this many records "
-                             "(dirichlet-per-class only)")
+    min_records: int = Field(
+        0, ge=0, description="every client gets at least this many records (dirichlet-per-class only)"
+    )
     limit: int | None = Field(None, ge=100, description="use only the first N pooled records (quick runs)")
     pairs_per_client: int = Field(120, ge=1, description="preference data: training pairs per client")
     heldout_pairs: int = Field(30, ge=0, description="preference data: held-out pairs per client")
     preference_split: Literal["random", "length"] = Field(
-        "random", description="preference data: a random split, or one by chosen-minus-rejected length so that "
-        "the clients' preferences differ (docs/pfeddpo.md)")
+        "random",
+        description="preference data: a random split, or one by chosen-minus-rejected length so that "
+        "the clients' preferences differ (docs/pfeddpo.md)",
+    )
     max_length: int = Field(64, ge=8, description="preference data: tokens per sequence (prompt + response)")
 
     @model_validator(mode="after")
@@ -122,8 +135,10 @@ def check_plain_name(value: str) -> str:
     pydantic error that says so."""
     if not PLAIN_NAME.fullmatch(value) or ".." in value:
         raise PydanticCustomError(
-            "plain_name", "must be a plain name of letters, digits, '.', '_' and '-' that starts with a letter "
-            "or digit and holds no '..' (it names the run directory), e.g. \"my-run\"")
+            "plain_name",
+            "must be a plain name of letters, digits, '.', '_' and '-' that starts with a letter "
+            "or digit and holds no '..' (it names the run directory), e.g. \"my-run\"",
+        )
     return value
 
 
@@ -135,7 +150,8 @@ class RunConfig(Section):
     data: DataConfig = DataConfig()
     federation: FederationConfig = FederationConfig()
     method: SerializeAsAny[Section] = Field(
-        default_factory=_default_method, description="the method and its options (its registered config model)")
+        default_factory=_default_method, description="the method and its options (its registered config model)"
+    )
 
     @field_validator("method", mode="before")
     @classmethod
@@ -264,9 +280,14 @@ def dump_config(cfg: RunConfig) -> str:
 
 
 # Names that lived here before each method declared its own config model (kept for existing imports).
-_MOVED = {"CompactConfig": "fedtailor.methods.compact.adaptation", "PrivacyConfig": "fedtailor.methods.compact.adaptation",
-          "COMPACT_VARIANTS": "fedtailor.methods.compact.adaptation", "DPOConfig": "fedtailor.methods.dpo.pfeddpo",
-          "FedLAGConfig": "fedtailor.methods.pfl.local", "LocalSGDConfig": "fedtailor.methods.pfl.local"}
+_MOVED = {
+    "CompactConfig": "fedtailor.methods.compact.adaptation",
+    "PrivacyConfig": "fedtailor.methods.compact.adaptation",
+    "COMPACT_VARIANTS": "fedtailor.methods.compact.adaptation",
+    "DPOConfig": "fedtailor.methods.dpo.pfeddpo",
+    "FedLAGConfig": "fedtailor.methods.pfl.local",
+    "LocalSGDConfig": "fedtailor.methods.pfl.local",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,13 @@ def test_defaults_are_the_papers_setting():
     assert (cfg.federation.rounds, cfg.federation.clients_per_round) == (500, 2)
     m = cfg.method
     assert (m.coef_dim, m.hidden_dim, m.lr, m.privacy.batch_size, m.privacy.clip, m.privacy.delta) == (
-        16384, 100, 0.1, 333, 1.0, 1e-5)
+        16384,
+        100,
+        0.1,
+        333,
+        1.0,
+        1e-5,
+    )
 
 
 def test_overrides_parse_toml_literals(tmp_path):

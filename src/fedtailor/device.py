@@ -20,8 +20,10 @@ def select_device(name: str = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available here; use device='cpu' or 'auto'.")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
-                         f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1} or 'auto'.")
+        raise ValueError(
+            f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
+            f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1} or 'auto'."
+        )
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {name!r}; use 'auto', 'cpu' or 'cuda[:N]'.")
     return dev

@@ -15,8 +15,16 @@ from fedtailor.fl import registry
 from fedtailor.fl.method import Method
 from fedtailor.fl.setup import Setup, train_sizes
 
-__all__ = ["METHOD_BUILDERS", "ImageSetup", "Setup", "build_method", "build_setup", "check_data_name",
-           "client_data", "train_sizes"]
+__all__ = [
+    "METHOD_BUILDERS",
+    "ImageSetup",
+    "Setup",
+    "build_method",
+    "build_setup",
+    "check_data_name",
+    "client_data",
+    "train_sizes",
+]
 
 
 def build_setup(cfg: Any) -> Setup:

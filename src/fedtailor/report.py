@@ -18,8 +18,11 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
         results = json.loads(results_path.read_text())
     except (ValueError, UnicodeDecodeError):
         raise ValueError(f"{results_path} is not valid JSON (damaged?); rerun the run to rewrite it.") from None
-    missing = [k for k in ("name", "method", "dataset", "seed", "rounds", "rounds_completed", "summary", "per_client")
-               if not isinstance(results, dict) or k not in results]
+    missing = [
+        k
+        for k in ("name", "method", "dataset", "seed", "rounds", "rounds_completed", "summary", "per_client")
+        if not isinstance(results, dict) or k not in results
+    ]
     if missing:
         raise ValueError(f"{results_path} lacks {', '.join(missing)}: not the results of a `fedtailor run`.")
     metrics_path = run_dir / "metrics.jsonl"
@@ -30,8 +33,10 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]
                 try:
                     history.append(json.loads(line))
                 except ValueError:
-                    raise ValueError(f"{metrics_path} line {i} is not valid JSON (damaged?); delete the file to "
-                                     "report without learning curves.") from None
+                    raise ValueError(
+                        f"{metrics_path} line {i} is not valid JSON (damaged?); delete the file to "
+                        "report without learning curves."
+                    ) from None
     return results, history
 
 
@@ -55,8 +60,10 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
     s = results["summary"]
-    lines = [f"run {results['name']}: method {results['method']} on {results['dataset']}, seed {results['seed']}, "
-             f"{results['rounds_completed']}/{results['rounds']} rounds, {results.get('wall_seconds', 0.0):.1f} s"]
+    lines = [
+        f"run {results['name']}: method {results['method']} on {results['dataset']}, seed {results['seed']}, "
+        f"{results['rounds_completed']}/{results['rounds']} rounds, {results.get('wall_seconds', 0.0):.1f} s"
+    ]
     for group, label in (("seen", "Seen"), ("future", "Future")):
         if f"{group}/accuracy" in s:
             n = sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
@@ -68,13 +75,15 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     if facts.get("epsilon_void"):
         lines.append("  EPSILON VOID for this run: " + "; ".join(facts.get("epsilon_void_reasons", [])))
     totals = results.get("round_totals", {})
-    for key, label in (("uplink_payload_MB", "protected uplink (MB, all releases)"),
-                       ("bits_per_coefficient_mean", "bits per coefficient (mean)"),
-                       ("perturbation_norm_mean", "measured perturbation norm (mean; diagnostic, outside DP)"),
-                       ("encode_ms_mean", "encode ms per release (mean; diagnostic)"),
-                       ("decode_ms_mean", "decode ms per release (mean; diagnostic)"),
-                       ("h_norm2_mean", "||h||^2 (mean over rounds)"),
-                       ("uplink_MB", "uplink (MB)")):
+    for key, label in (
+        ("uplink_payload_MB", "protected uplink (MB, all releases)"),
+        ("bits_per_coefficient_mean", "bits per coefficient (mean)"),
+        ("perturbation_norm_mean", "measured perturbation norm (mean; diagnostic, outside DP)"),
+        ("encode_ms_mean", "encode ms per release (mean; diagnostic)"),
+        ("decode_ms_mean", "decode ms per release (mean; diagnostic)"),
+        ("h_norm2_mean", "||h||^2 (mean over rounds)"),
+        ("uplink_MB", "uplink (MB)"),
+    ):
         if key in totals:
             lines.append(f"  {label}: {totals[key]:.4g}")
     return lines
@@ -89,8 +98,14 @@ def plot_run(results: dict[str, Any], history: list[dict[str, Any]], out_dir: st
 
     out_dir = Path(out_dir)
     paths = []
-    series = sorted({k for r in history for k, v in r.items() if isinstance(v, (int, float)) and
-                     (k == "loss" or k.endswith("accuracy") or k.endswith("/loss"))})
+    series = sorted(
+        {
+            k
+            for r in history
+            for k, v in r.items()
+            if isinstance(v, (int, float)) and (k == "loss" or k.endswith(("accuracy", "/loss")))
+        }
+    )
     if history and series:
         fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.4), squeeze=False)
         for ax, key in zip(axes[0], series):

@@ -82,9 +82,11 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
     out = []
     for a in ("01", "10"):
         config = f"configs/fedlag/{prefix}-alpha{a}.toml"
-        out += [Block(f"main-alpha{a}", config, (("method.name", bases), ("method.fedlag.top_k", ("0", "2")))),
-                Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),)),
-                Block(f"unit-alpha{a}", config, (("method.fedlag.unit", ("module",)),), ("method.fedlag.top_k=1",))]
+        out += [
+            Block(f"main-alpha{a}", config, (("method.name", bases), ("method.fedlag.top_k", ("0", "2")))),
+            Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),)),
+            Block(f"unit-alpha{a}", config, (("method.fedlag.unit", ("module",)),), ("method.fedlag.top_k=1",)),
+        ]
     return tuple(out)
 
 
@@ -92,8 +94,13 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
 # (1 - eval_fraction) = 417 at least)
 COMPACT_QUICK = ("federation.rounds=10", "federation.eval_every=0", "data.limit=25000")
 # --quick for pFedDPO: 2 rounds of one local step on 8 pairs per client
-DPO_QUICK = ("federation.rounds=2", "method.local_steps=1", "data.pairs_per_client=8", "data.heldout_pairs=4",
-             "federation.eval_every=0")
+DPO_QUICK = (
+    "federation.rounds=2",
+    "method.local_steps=1",
+    "data.pairs_per_client=8",
+    "data.heldout_pairs=4",
+    "federation.eval_every=0",
+)
 FMNIST_REDUCED = ("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")
 DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
@@ -106,9 +113,16 @@ def _controls_blocks(config: str) -> tuple[Block, ...]:
     replay = (("method.variant", ("replay",)),)
     out = []
     for name, sets in (("eps16", ()), ("noiseless", ("method.privacy.epsilon=inf",))):
-        out += [Block(name, config, controls, sets),
-                Block(f"{name}-replay", config, replay, (*sets, 'method.replay_from="{needs}"'),
-                      needs=f"{name}/variant=factorized")]
+        out += [
+            Block(name, config, controls, sets),
+            Block(
+                f"{name}-replay",
+                config,
+                replay,
+                (*sets, 'method.replay_from="{needs}"'),
+                needs=f"{name}/variant=factorized",
+            ),
+        ]
     return tuple(out)
 
 
@@ -117,70 +131,181 @@ def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
     eps16 = f"configs/compact/{data}-eps16.toml"
     head = f"Compact adaptation on {label}"
     return (
-        Experiment(f"compact-table1-{data}", f"{head}, Table 1: Seen/Future accuracy of each variant at eps 4, 8, "
-                   "16, 32", tuple(Block(f"eps{e}", f"configs/compact/{data}-eps{e}.toml",
-                                         (("method.variant", COMPACT_VARIANTS),)) for e in (4, 8, 16, 32)),
-                   quick=COMPACT_QUICK, x_axis="block", log_x=True),
-        Experiment(f"compact-controls-{data}", f"{head}, the geometry controls (public context u0; Factorized+ctx "
-                   "restores the private context) at eps 16 and without noise", _controls_blocks(eps16),
-                   quick=COMPACT_QUICK),
-        Experiment(f"compact-alpha-{data}", f"{head}, Table 2: Dirichlet alpha sweep at eps 16",
-                   (Block("eps16", eps16, (("data.alpha", ("0.1", "0.5", "1.0")),
-                                           ("method.variant", ("global", "full-dg", "ours-dg", "ours-lrsuq")))),),
-                   quick=COMPACT_QUICK, x_axis="alpha", log_x=True),
-        Experiment(f"compact-k-{data}", f"{head}, the k trade-off at eps 16: accuracy, protected uplink and the "
-                   "realised perturbation norm (diagnostics on: those runs report eps as void)",
-                   (Block("eps16", eps16, (("method.coef_dim", ("4096", "8192", "16384", "32768", "65536")),),
-                          ("method.diagnostics=true",)),),
-                   quick=COMPACT_QUICK, x_axis="coef_dim", log_x=True,
-                   metrics=("seen/accuracy", "future/accuracy", "uplink_payload_MB", "perturbation_norm_mean")),
-        Experiment(f"compact-comm-{data}", f"{head}, the communication table at eps 16: bits per coefficient, "
-                   "protected uplink, encode time per release and accuracy of each codec (diagnostics on for the "
-                   "times)", (Block("eps16", eps16, (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq")),),
-                                    ("method.diagnostics=true",)),),
-                   quick=COMPACT_QUICK, metrics=("seen/accuracy", "future/accuracy", "bits_per_coefficient_mean",
-                                                 "uplink_payload_MB", "encode_ms_mean")),
+        Experiment(
+            f"compact-table1-{data}",
+            f"{head}, Table 1: Seen/Future accuracy of each variant at eps 4, 8, 16, 32",
+            tuple(
+                Block(f"eps{e}", f"configs/compact/{data}-eps{e}.toml", (("method.variant", COMPACT_VARIANTS),))
+                for e in (4, 8, 16, 32)
+            ),
+            quick=COMPACT_QUICK,
+            x_axis="block",
+            log_x=True,
+        ),
+        Experiment(
+            f"compact-controls-{data}",
+            f"{head}, the geometry controls (public context u0; Factorized+ctx "
+            "restores the private context) at eps 16 and without noise",
+            _controls_blocks(eps16),
+            quick=COMPACT_QUICK,
+        ),
+        Experiment(
+            f"compact-alpha-{data}",
+            f"{head}, Table 2: Dirichlet alpha sweep at eps 16",
+            (
+                Block(
+                    "eps16",
+                    eps16,
+                    (
+                        ("data.alpha", ("0.1", "0.5", "1.0")),
+                        ("method.variant", ("global", "full-dg", "ours-dg", "ours-lrsuq")),
+                    ),
+                ),
+            ),
+            quick=COMPACT_QUICK,
+            x_axis="alpha",
+            log_x=True,
+        ),
+        Experiment(
+            f"compact-k-{data}",
+            f"{head}, the k trade-off at eps 16: accuracy, protected uplink and the "
+            "realised perturbation norm (diagnostics on: those runs report eps as void)",
+            (
+                Block(
+                    "eps16",
+                    eps16,
+                    (("method.coef_dim", ("4096", "8192", "16384", "32768", "65536")),),
+                    ("method.diagnostics=true",),
+                ),
+            ),
+            quick=COMPACT_QUICK,
+            x_axis="coef_dim",
+            log_x=True,
+            metrics=("seen/accuracy", "future/accuracy", "uplink_payload_MB", "perturbation_norm_mean"),
+        ),
+        Experiment(
+            f"compact-comm-{data}",
+            f"{head}, the communication table at eps 16: bits per coefficient, "
+            "protected uplink, encode time per release and accuracy of each codec (diagnostics on for the "
+            "times)",
+            (
+                Block(
+                    "eps16",
+                    eps16,
+                    (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq")),),
+                    ("method.diagnostics=true",),
+                ),
+            ),
+            quick=COMPACT_QUICK,
+            metrics=(
+                "seen/accuracy",
+                "future/accuracy",
+                "bits_per_coefficient_mean",
+                "uplink_payload_MB",
+                "encode_ms_mean",
+            ),
+        ),
     )
 
 
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    *_compact_experiments("mnist", "MNIST"),
-    *_compact_experiments("fmnist", "Fashion-MNIST (stands in for CIFAR-10)"),
-    Experiment("fedlag-mnist", "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
-               "(DNN) at Dirichlet alpha 0.1 and 1.0", _fedlag_blocks("mnist-dnn"),
-               quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
-               metrics=("seen/accuracy",)),
-    Experiment("fedlag-fmnist", "FedLAG on Fashion-MNIST (FedAvgCNN) at alpha 0.1 and 1.0",
-               _fedlag_blocks("fmnist-fedavgcnn"),
-               quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
-               metrics=("seen/accuracy",)),
-    Experiment("fedlag-fmnist-reduced", "FedLAG on Fashion-MNIST (FedAvgCNN) at the scale this 2-core CPU fits: "
-               "FedAvg, FedPer and Ditto with and without FedLAG and fixed Last-K, 40 rounds (warm-up 20) on 20,000 "
-               "records, at alpha 0.1 and 1.0",
-               tuple(b for a in ("01", "10") for b in (
-                   Block(f"main-alpha{a}", f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
-                         (("method.name", ("fedavg", "fedper", "ditto")), ("method.fedlag.top_k", ("0", "2"))),
-                         FMNIST_REDUCED),
-                   Block(f"fixed-alpha{a}", f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
-                         (("method.fedlag.choice", ("last",)),), FMNIST_REDUCED))),
-               quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
-               metrics=("seen/accuracy",)),
-    Experiment("pfeddpo-hh", "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2 (the "
-               "federated methods log kappa^2 every 10 rounds)",
-               (Block("federated", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("pfeddpo", "feddpo")),),
-                      ("method.diagnostics_every=10",)),
-                Block("central", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("dpo-central",)),))),
-               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,)),
-    Experiment("pfeddpo-rank", "pFedDPO's LoRA rank (4, 8, 16) on HH-RLHF with SmolLM2, 10 rounds",
-               (Block("rank", "configs/pfeddpo/hh-rlhf.toml", (("method.lora_rank", ("4", "8", "16")),),
-                      ("federation.rounds=10",)),),
-               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,), x_axis="lora_rank", log_x=True),
-    Experiment("pfeddpo-participation", "pFedDPO with S = 2, 3, 5 of the 5 clients per round on HH-RLHF with "
-               "SmolLM2, 10 rounds", (Block("participation", "configs/pfeddpo/hh-rlhf.toml",
-                                            (("federation.clients_per_round", ("2", "3", "5")),),
-                                            ("federation.rounds=10",)),),
-               quick=DPO_QUICK, metrics=DPO_METRICS, seeds=(41,), x_axis="clients_per_round"),
-)}
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        *_compact_experiments("mnist", "MNIST"),
+        *_compact_experiments("fmnist", "Fashion-MNIST (stands in for CIFAR-10)"),
+        Experiment(
+            "fedlag-mnist",
+            "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
+            "(DNN) at Dirichlet alpha 0.1 and 1.0",
+            _fedlag_blocks("mnist-dnn"),
+            quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
+            metrics=("seen/accuracy",),
+        ),
+        Experiment(
+            "fedlag-fmnist",
+            "FedLAG on Fashion-MNIST (FedAvgCNN) at alpha 0.1 and 1.0",
+            _fedlag_blocks("fmnist-fedavgcnn"),
+            quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
+            metrics=("seen/accuracy",),
+        ),
+        Experiment(
+            "fedlag-fmnist-reduced",
+            "FedLAG on Fashion-MNIST (FedAvgCNN) at the scale this 2-core CPU fits: "
+            "FedAvg, FedPer and Ditto with and without FedLAG and fixed Last-K, 40 rounds (warm-up 20) on 20,000 "
+            "records, at alpha 0.1 and 1.0",
+            tuple(
+                b
+                for a in ("01", "10")
+                for b in (
+                    Block(
+                        f"main-alpha{a}",
+                        f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
+                        (("method.name", ("fedavg", "fedper", "ditto")), ("method.fedlag.top_k", ("0", "2"))),
+                        FMNIST_REDUCED,
+                    ),
+                    Block(
+                        f"fixed-alpha{a}",
+                        f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
+                        (("method.fedlag.choice", ("last",)),),
+                        FMNIST_REDUCED,
+                    ),
+                )
+            ),
+            quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
+            metrics=("seen/accuracy",),
+        ),
+        Experiment(
+            "pfeddpo-hh",
+            "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2 (the "
+            "federated methods log kappa^2 every 10 rounds)",
+            (
+                Block(
+                    "federated",
+                    "configs/pfeddpo/hh-rlhf.toml",
+                    (("method.name", ("pfeddpo", "feddpo")),),
+                    ("method.diagnostics_every=10",),
+                ),
+                Block("central", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("dpo-central",)),)),
+            ),
+            quick=DPO_QUICK,
+            metrics=DPO_METRICS,
+            seeds=(41,),
+        ),
+        Experiment(
+            "pfeddpo-rank",
+            "pFedDPO's LoRA rank (4, 8, 16) on HH-RLHF with SmolLM2, 10 rounds",
+            (
+                Block(
+                    "rank",
+                    "configs/pfeddpo/hh-rlhf.toml",
+                    (("method.lora_rank", ("4", "8", "16")),),
+                    ("federation.rounds=10",),
+                ),
+            ),
+            quick=DPO_QUICK,
+            metrics=DPO_METRICS,
+            seeds=(41,),
+            x_axis="lora_rank",
+            log_x=True,
+        ),
+        Experiment(
+            "pfeddpo-participation",
+            "pFedDPO with S = 2, 3, 5 of the 5 clients per round on HH-RLHF with SmolLM2, 10 rounds",
+            (
+                Block(
+                    "participation",
+                    "configs/pfeddpo/hh-rlhf.toml",
+                    (("federation.clients_per_round", ("2", "3", "5")),),
+                    ("federation.rounds=10",),
+                ),
+            ),
+            quick=DPO_QUICK,
+            metrics=DPO_METRICS,
+            seeds=(41,),
+            x_axis="clients_per_round",
+        ),
+    )
+}
 
 
 @dataclass
@@ -224,8 +349,9 @@ def slug(point: tuple[tuple[str, str], ...]) -> str:
     return "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in point) or "base"
 
 
-def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
-         registry: dict[str, Experiment] = EXPERIMENTS) -> list[Run]:
+def plan(
+    names: list[str], *, out: Path, seeds: list[int] | None, quick: bool, registry: dict[str, Experiment] = EXPERIMENTS
+) -> list[Run]:
     """Every run of the named experiments, each config validated now (a bad point fails before any run)."""
     from fedtailor.experiment import check_data_name
 
@@ -238,8 +364,10 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
         exp = registry[name]
         blocks = [b for b in exp.blocks if not only or b.name in only.split(",")]
         if only and len(blocks) != len(set(only.split(","))):
-            raise ValueError(f"{spec!r}: {name} has the blocks {', '.join(b.name for b in exp.blocks)}; "
-                             f"name them as {name}/BLOCK[,BLOCK].")
+            raise ValueError(
+                f"{spec!r}: {name} has the blocks {', '.join(b.name for b in exp.blocks)}; "
+                f"name them as {name}/BLOCK[,BLOCK]."
+            )
         known = {f"{b.name}/{slug(p)}" for b in exp.blocks for p in b.points()}
         for block in blocks:
             if block.needs is not None and block.needs not in known:
@@ -261,20 +389,28 @@ def plan(names: list[str], *, out: Path, seeds: list[int] | None, quick: bool,
                     same = first.setdefault(key, run_dir)
                     if same != run_dir and not (run_dir.exists() and not run_dir.is_symlink()):
                         # the same run under another name (Factorized+ctx is Ours-DG): a link, once that finishes
-                        runs.append(Run(name, block.name, point, seed, config, sets, run_dir, same, same_as=same,
-                                        cfg=cfg))
+                        runs.append(
+                            Run(name, block.name, point, seed, config, sets, run_dir, same, same_as=same, cfg=cfg)
+                        )
                     else:
                         runs.append(Run(name, block.name, point, seed, config, sets, run_dir, after, cfg=cfg))
     planned = {r.out for r in runs}
     for r in runs:
         if r.after is not None and r.after not in planned and not _finished(r.after):
-            raise ValueError(f"{r.experiment}/{r.block} needs the run {r.after}; include its block too "
-                             f"(e.g. {r.experiment} without /BLOCK).")
+            raise ValueError(
+                f"{r.experiment}/{r.block} needs the run {r.after}; include its block too "
+                f"(e.g. {r.experiment} without /BLOCK)."
+            )
     return runs
 
 
-def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] = print,
-            command: Callable[[Run], list[str]] | None = None) -> list[Run]:
+def execute(
+    runs: list[Run],
+    *,
+    jobs: int = 1,
+    progress: Callable[[str], None] = print,
+    command: Callable[[Run], list[str]] | None = None,
+) -> list[Run]:
     """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
     line after each start and finish: done / running / left and an estimate of the time left. Returns the runs
     that failed."""
@@ -291,8 +427,10 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
         left = len(todo) + len(running)
         work = left - sum(r.same_as is not None for r in todo)  # links take no time
         eta = (sum(durations) / len(durations)) * work / jobs if durations else float("nan")
-        progress(f"reproduce: {done} done, {len(running)} running, {left - len(running)} waiting"
-                 + (f", about {eta / 60:.1f} min left" if durations else ""))
+        progress(
+            f"reproduce: {done} done, {len(running)} running, {left - len(running)} waiting"
+            + (f", about {eta / 60:.1f} min left" if durations else "")
+        )
 
     def ready() -> Run | None:  # the first waiting run whose prerequisite has finished
         return next((r for r in todo if r.after is None or _finished(r.after)), None)
@@ -309,7 +447,11 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
                 line()
                 continue
             logf = open(run.out.parent / f"{run.out.name}.log", "w")  # noqa: SIM115 - closed when the run ends
-            running[subprocess.Popen(build(run), env=env, stdout=logf, stderr=subprocess.STDOUT)] = (run, time.time(), logf)
+            running[subprocess.Popen(build(run), env=env, stdout=logf, stderr=subprocess.STDOUT)] = (
+                run,
+                time.time(),
+                logf,
+            )
             line()
         time.sleep(0.2)
         for proc in [p for p in running if p.poll() is not None]:
@@ -320,14 +462,18 @@ def execute(runs: list[Run], *, jobs: int = 1, progress: Callable[[str], None] =
                 durations.append(time.time() - started)
             else:
                 failed.append(run)
-                progress(f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} failed "
-                         f"(exit {proc.returncode}); see {run.out.parent / (run.out.name + '.log')}")
+                progress(
+                    f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} failed "
+                    f"(exit {proc.returncode}); see {run.out.parent / (run.out.name + '.log')}"
+                )
             line()
         if todo and not running and ready() is None:  # what is left waits for runs that failed
             for run in todo:
                 failed.append(run)
-                progress(f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} not run: "
-                         f"{run.after} did not finish")
+                progress(
+                    f"reproduce: {run.experiment}/{run.block}/{slug(run.point)} seed {run.seed} not run: "
+                    f"{run.after} did not finish"
+                )
             todo.clear()
     return failed
 
@@ -435,8 +581,14 @@ def _trend_plot(rows: list[dict], points: list[dict[str, str]], exp: Experiment,
     for ax, m in zip(axes[0], metrics):
         for label, pts in lines.items():
             pts = sorted(((x, r) for x, r in pts if m + " (mean)" in r), key=lambda t: t[0])
-            ax.errorbar([x for x, _ in pts], [r[m + " (mean)"] for _, r in pts], yerr=[r[m + " (std)"] for _, r in pts],
-                        marker="o", capsize=2, label=label)
+            ax.errorbar(
+                [x for x, _ in pts],
+                [r[m + " (mean)"] for _, r in pts],
+                yerr=[r[m + " (std)"] for _, r in pts],
+                marker="o",
+                capsize=2,
+                label=label,
+            )
         ax.set_xlabel("eps" if exp.x_axis == "block" else exp.x_axis)
         ax.set_ylabel(m + (" (%)" if m.endswith("accuracy") else ""))
         if exp.log_x:
@@ -451,13 +603,17 @@ def _trend_plot(rows: list[dict], points: list[dict[str, str]], exp: Experiment,
 
 def html_report(folders: list[Path], *, out: Path, registry: dict[str, Experiment] = EXPERIMENTS) -> Path:
     """One self-contained HTML page: each experiment's description, table and plot (images inlined)."""
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fedtailor reproduction</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #999;padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>",
-             "<h1>fedtailor reproduction</h1>"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>fedtailor reproduction</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #999;padding:3px 8px;text-align:right}img{max-width:100%}</style></head><body>",
+        "<h1>fedtailor reproduction</h1>",
+    ]
     for folder in folders:
         exp = registry[folder.name]
-        parts.append(f"<h2 id='{html.escape(exp.name)}'>{html.escape(exp.name)}</h2><p>{html.escape(exp.description)}</p>")
+        parts.append(
+            f"<h2 id='{html.escape(exp.name)}'>{html.escape(exp.name)}</h2><p>{html.escape(exp.description)}</p>"
+        )
         with (folder / "table.csv").open() as fh:
             rows = list(csv.DictReader(fh))
         cols = ["block", "point", "seeds", *[m for m in exp.metrics if rows and m in rows[0]]]
@@ -467,10 +623,14 @@ def html_report(folders: list[Path], *, out: Path, registry: dict[str, Experimen
         for png in (folder / "accuracy.png", folder / "trend.png"):
             if png.exists():
                 data = base64.b64encode(png.read_bytes()).decode()
-                parts.append(f"<p><img alt='{html.escape(exp.name)} {png.stem}' src='data:image/png;base64,{data}'></p>")
+                parts.append(
+                    f"<p><img alt='{html.escape(exp.name)} {png.stem}' src='data:image/png;base64,{data}'></p>"
+                )
     # a rendering check for browsers and tests: how many images decoded
-    parts.append("<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images-loaded',"
-                 "[...document.images].filter(i=>i.naturalWidth>0).length)});</script>")
+    parts.append(
+        "<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images-loaded',"
+        "[...document.images].filter(i=>i.naturalWidth>0).length)});</script>"
+    )
     parts.append("</body></html>")
     path = out / "report.html"
     path.write_text("\n".join(parts))
@@ -492,8 +652,15 @@ class Outcome:
     report: Path | None = None
 
 
-def reproduce(names: list[str], *, out: Path, seeds: list[int] | None = None, quick: bool = False, jobs: int = 1,
-              progress: Callable[[str], None] = print) -> Outcome:
+def reproduce(
+    names: list[str],
+    *,
+    out: Path,
+    seeds: list[int] | None = None,
+    quick: bool = False,
+    jobs: int = 1,
+    progress: Callable[[str], None] = print,
+) -> Outcome:
     runs = plan(names, out=out, seeds=seeds, quick=quick)
     failed = execute(runs, jobs=jobs, progress=progress)
     folders = tables(runs, out=out)

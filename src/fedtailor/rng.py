@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-
 from typing import TYPE_CHECKING
 
 import numpy as np

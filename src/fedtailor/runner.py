@@ -50,8 +50,9 @@ def write_json(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def config_differences(saved: dict[str, Any], new: dict[str, Any], prefix: str = "", *,
-                       defaults: dict[str, Any] | None = None) -> list[str]:
+def config_differences(
+    saved: dict[str, Any], new: dict[str, Any], prefix: str = "", *, defaults: dict[str, Any] | None = None
+) -> list[str]:
     """Dotted keys whose values differ between two resolved configs, with both values. With ``defaults`` (the
     new config's sections at their default values), a key the saved config lacks (it was written before that
     field existed) is no difference when the new value is that field's default."""
@@ -70,41 +71,51 @@ def config_differences(saved: dict[str, Any], new: dict[str, Any], prefix: str =
 
 def _defaults_of(cfg: RunConfig) -> dict[str, Any]:
     """``cfg``'s sections (their classes: the method named in it) with every field at its default."""
-    return {"data": type(cfg.data)().model_dump(mode="json"),
-            "federation": type(cfg.federation)().model_dump(mode="json"),
-            "method": type(cfg.method)().model_dump(mode="json")}
+    return {
+        "data": type(cfg.data)().model_dump(mode="json"),
+        "federation": type(cfg.federation)().model_dump(mode="json"),
+        "method": type(cfg.method)().model_dump(mode="json"),
+    }
 
 
-def _check_out(out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, Any] | None = None,
-               given: bool = True) -> bool:
+def _check_out(
+    out: Path, cfg_text: str, *, resume: bool, defaults: dict[str, Any] | None = None, given: bool = True
+) -> bool:
     """Refuse an unusable run directory before anything is loaded; returns True when it must be created.
     ``given``: the directory was given (``--out``), not made from the config's ``out_dir`` and ``name``."""
     if out.exists() and not out.is_dir():
         if not given:
-            raise ValueError(f"the run directory {out} (the config's out_dir/NAME-seedSEED) is a file, not a "
-                             "directory; choose another with --out, or change name or out_dir.")
+            raise ValueError(
+                f"the run directory {out} (the config's out_dir/NAME-seedSEED) is a file, not a "
+                "directory; choose another with --out, or change name or out_dir."
+            )
         raise ValueError(f"--out {out} is a file, not a directory; choose another path for the run directory.")
     fresh = not out.exists() or not any(out.iterdir())
     if not resume:
         if not fresh:
             raise FileExistsError(
-                f"run directory {out} already exists; pass --resume to continue it or --out to choose another.")
+                f"run directory {out} already exists; pass --resume to continue it or --out to choose another."
+            )
         return not out.exists()
     if fresh:
         raise FileNotFoundError(f"--resume: {out} holds no run to continue; drop --resume to start one there.")
     saved_path = out / "config.json"
     if not saved_path.exists():
-        raise ValueError(f"--resume: {out} has no config.json, so it is not a run directory (or not one of ours); "
-                         "start the run in a new directory with --out.")
+        raise ValueError(
+            f"--resume: {out} has no config.json, so it is not a run directory (or not one of ours); "
+            "start the run in a new directory with --out."
+        )
     try:
         saved = json.loads(saved_path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"--resume: {saved_path} is unreadable ({err}); start the run in a new directory.") from None
     diff = config_differences(saved, json.loads(cfg_text), defaults=defaults)
     if diff:
-        raise ValueError(f"{out} was run with a different config: {'; '.join(diff[:8])}"
-                         f"{' ...' if len(diff) > 8 else ''}. Resume with the same config and --set values, or "
-                         "use --out for a new run.")
+        raise ValueError(
+            f"{out} was run with a different config: {'; '.join(diff[:8])}"
+            f"{' ...' if len(diff) > 8 else ''}. Resume with the same config and --set values, or "
+            "use --out for a new run."
+        )
     return False
 
 
@@ -144,8 +155,14 @@ def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run_experiment(
-    cfg: RunConfig, run_dir: str | Path | None = None, *, resume: bool = False, progress: bool = True,
-    stop_after: int | None = None, built: tuple[Any, Any] | None = None, transport: Transport | None = None,
+    cfg: RunConfig,
+    run_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    built: tuple[Any, Any] | None = None,
+    transport: Transport | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """Run ``cfg``; returns the run directory. With ``resume`` an interrupted run continues from its
@@ -154,7 +171,8 @@ def run_experiment(
     Nothing is written until the run can start: the directory, data, method and (on resume) the checkpoint are
     checked first, and a run that fails before its first checkpoint removes the directory this call created.
     A diverging run (a non-finite value, or a loss above :data:`~fedtailor.fl.records.LOSS_LIMIT`) raises
-    :class:`~fedtailor.fl.records.TrainingDiverged` and writes no results; an interrupt raises :class:`~fedtailor.fl.loop.RunInterrupted` naming the last checkpoint.
+    :class:`~fedtailor.fl.records.TrainingDiverged` and writes no results; an interrupt raises
+    :class:`~fedtailor.fl.loop.RunInterrupted` naming the last checkpoint.
 
     ``built``: the (setup, method) of ``cfg`` when the caller has them already; ``transport``: where the clients
     run (default: in this process; the Flower ServerApp passes its nodes); ``on_round``: called with each
@@ -176,10 +194,22 @@ def run_experiment(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"cannot create the run directory {out}: {err.strerror or err}; choose another --out.") from None
+        raise ValueError(
+            f"cannot create the run directory {out}: {err.strerror or err}; choose another --out."
+        ) from None
     try:
-        result = _run_in(out, cfg, cfg_text, setup, method, history, progress=progress, stop_after=stop_after,
-                         transport=transport, on_round=on_round)
+        result = _run_in(
+            out,
+            cfg,
+            cfg_text,
+            setup,
+            method,
+            history,
+            progress=progress,
+            stop_after=stop_after,
+            transport=transport,
+            on_round=on_round,
+        )
     except BaseException as err:
         if create and not ckpt.exists():  # nothing to resume: leave no directory behind
             shutil.rmtree(out, ignore_errors=True)
@@ -194,9 +224,19 @@ def run_experiment(
     return out
 
 
-def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, history: list[dict[str, Any]], *,
-            progress: bool, stop_after: int | None, transport: Transport | None,
-            on_round: Callable[[dict[str, Any]], None] | None) -> Any:
+def _run_in(
+    out: Path,
+    cfg: RunConfig,
+    cfg_text: str,
+    setup: Any,
+    method: Any,
+    history: list[dict[str, Any]],
+    *,
+    progress: bool,
+    stop_after: int | None,
+    transport: Transport | None,
+    on_round: Callable[[dict[str, Any]], None] | None,
+) -> Any:
     (out / "config.json").write_text(cfg_text)
     metrics_path = out / "metrics.jsonl"
     # metrics.jsonl mirrors the loop's history: rewritten from the checkpoint's (atomically), then appended
@@ -211,8 +251,15 @@ def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, h
             on_round(record)
 
     result = run_federated(
-        method, setup.clients, setup.schedule, eval_every=cfg.federation.eval_every, checkpoint=out / "checkpoint.pt",
-        checkpoint_every=cfg.federation.checkpoint_every, on_round=written, progress=progress, stop_after=stop_after,
+        method,
+        setup.clients,
+        setup.schedule,
+        eval_every=cfg.federation.eval_every,
+        checkpoint=out / "checkpoint.pt",
+        checkpoint_every=cfg.federation.checkpoint_every,
+        on_round=written,
+        progress=progress,
+        stop_after=stop_after,
         transport=transport,
     )
     return result
@@ -220,8 +267,12 @@ def _run_in(out: Path, cfg: RunConfig, cfg_text: str, setup: Any, method: Any, h
 
 def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: Any, *, wall: float) -> None:
     per_client = [
-        {"client": cid, "seen": setup.clients[cid].seen, **result.evaluation[cid],
-         "num_examples": int(result.evaluation[cid]["num_examples"])}
+        {
+            "client": cid,
+            "seen": setup.clients[cid].seen,
+            **result.evaluation[cid],
+            "num_examples": int(result.evaluation[cid]["num_examples"]),
+        }
         for cid in sorted(result.evaluation)
     ]
     results = {

@@ -23,8 +23,14 @@ __all__ = ["UnsafeGlobal", "UnsafePickle", "load_state", "restricted_pickle_load
 # What fedtailor state may name besides tensors: fedtailor's own state dataclasses (checked one by one), these
 # builtins, and numpy's array reconstruction. Anything else means the bytes did not come from fedtailor.
 _SAFE_BUILTINS = {"builtins.set", "builtins.frozenset", "collections.OrderedDict"}
-_SAFE_NUMPY = {"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
-               "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar"}
+_SAFE_NUMPY = {
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.ndarray",
+    "numpy.dtype",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+}
 
 
 #: The attribute that marks a class which is not a dataclass as saved state (:func:`state_class`).
@@ -56,16 +62,22 @@ def vetted_globals(f: str | Path | IO[bytes]) -> list[Any]:
     allowed = []
     for name in get_unsafe_globals_in_checkpoint(f):
         module, _, attr = name.rpartition(".")
-        trusted = (name in _SAFE_BUILTINS or name in _SAFE_NUMPY or module == "numpy.dtypes"
-                   or module == "fedtailor" or module.startswith("fedtailor."))
+        trusted = (
+            name in _SAFE_BUILTINS
+            or name in _SAFE_NUMPY
+            or module == "numpy.dtypes"
+            or module == "fedtailor"
+            or module.startswith("fedtailor.")
+        )
         obj = None
         if trusted:
             try:
                 obj = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError):
                 obj = None
-        if module.startswith("fedtailor") and not (isinstance(obj, type) and (dataclasses.is_dataclass(obj)
-                                                                           or getattr(obj, STATE_MARK, False))):
+        if module.startswith("fedtailor") and not (
+            isinstance(obj, type) and (dataclasses.is_dataclass(obj) or getattr(obj, STATE_MARK, False))
+        ):
             obj = None  # of fedtailor's own names only its state classes are data
         if obj is None:
             raise UnsafeGlobal(name)
@@ -84,11 +96,28 @@ def load_state(blob: bytes) -> Any:
 
 
 # ----- data pickles ----------------------------------------------------------------------------------------
-_PICKLE_NUMPY = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-                 ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-                 ("numpy._core.multiarray", "scalar")}
-_PICKLE_BUILTINS = {"list", "dict", "tuple", "set", "frozenset", "bytearray", "bytes", "str", "int", "float",
-                    "complex", "bool"}
+_PICKLE_NUMPY = {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+}
+_PICKLE_BUILTINS = {
+    "list",
+    "dict",
+    "tuple",
+    "set",
+    "frozenset",
+    "bytearray",
+    "bytes",
+    "str",
+    "int",
+    "float",
+    "complex",
+    "bool",
+}
 _PICKLE_OTHER = {("collections", "OrderedDict"), ("_codecs", "encode")}  # encode: bytes in protocol-2 pickles
 
 
@@ -100,8 +129,12 @@ class _DataUnpickler(pickle.Unpickler):
     """Admits numpy arrays, dtypes and scalars and plain builtin containers; refuses every other name."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if ((module, name) in _PICKLE_NUMPY or (module == "builtins" and name in _PICKLE_BUILTINS)
-                or (module, name) in _PICKLE_OTHER or (module == "numpy.dtypes" and name.endswith("DType"))):
+        if (
+            (module, name) in _PICKLE_NUMPY
+            or (module == "builtins" and name in _PICKLE_BUILTINS)
+            or (module, name) in _PICKLE_OTHER
+            or (module == "numpy.dtypes" and name.endswith("DType"))
+        ):
             return super().find_class(module, name)
         raise UnsafePickle(f"{module}.{name}")
 
@@ -113,6 +146,8 @@ def restricted_pickle_load(f: IO[bytes], *, source: str | Path, encoding: str = 
     try:
         return _DataUnpickler(f, encoding=encoding).load()
     except UnsafePickle as err:
-        raise ValueError(f"{source} refers to {err}, which a data file never holds (only arrays and plain "
-                         "containers are unpickled); it is not the dataset or was altered: replace it with "
-                         "the original file.") from None
+        raise ValueError(
+            f"{source} refers to {err}, which a data file never holds (only arrays and plain "
+            "containers are unpickled); it is not the dataset or was altered: replace it with "
+            "the original file."
+        ) from None

@@ -54,8 +54,9 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
         if twice:
             raise ValueError(f"--grid {item!r} lists {twice[0]} more than once; give each value once.")
         if ".".join(key) in (k for k, _ in grid):
-            raise ValueError(f"--grid {'.'.join(key)} is given twice; give all its values in one "
-                             f"--grid {'.'.join(key)}=V1,V2.")
+            raise ValueError(
+                f"--grid {'.'.join(key)} is given twice; give all its values in one --grid {'.'.join(key)}=V1,V2."
+            )
         grid.append((".".join(key), values))
     return grid
 
@@ -76,8 +77,13 @@ _SEPARATORS = re.compile(r"[/\\\0]")  # what would make a slug more than one pat
 
 
 def run_sweep(
-    config: str | Path | None, *, out: str | Path, seeds: list[int], grid: list[tuple[str, list[str]]],
-    overrides: list[str] = (), progress: bool = True,
+    config: str | Path | None,
+    *,
+    out: str | Path,
+    seeds: list[int],
+    grid: list[tuple[str, list[str]]],
+    overrides: list[str] = (),
+    progress: bool = True,
 ) -> str:
     """Run every grid point for every seed (skipping finished runs); returns the aggregated table."""
     out = Path(out)
@@ -88,8 +94,9 @@ def run_sweep(
     keys = [("--grid", k) for k, _ in grid] + [("--set", ".".join(parse_override(o)[0])) for o in overrides]
     for flag, key in keys:
         if key.strip() == "seed":  # the run's seed=S from --seeds comes last and would silently win
-            raise ValueError(f"{flag} seed=...: a sweep takes its seeds from --seeds (e.g. --seeds 41-43); "
-                             f"drop {flag} seed.")
+            raise ValueError(
+                f"{flag} seed=...: a sweep takes its seeds from --seeds (e.g. --seeds 41-43); drop {flag} seed."
+            )
     points = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
     # every point and seed is validated before anything runs: a bad value fails now, not after hours
     configs = {}
@@ -112,13 +119,20 @@ def run_sweep(
                 run_experiment(configs[point, seed], run_dir, resume=started, progress=progress)
             run_dirs.append(run_dir)
         stats = aggregate_seeds(run_dirs)
-        row = {k: v for k, v in point}
+        row = dict(point)
         for key in ("seen/accuracy", "future/accuracy"):
             if key in stats:
                 mean, std = stats[key]
                 row[key] = f"{100 * mean:.2f} +- {100 * std:.2f}"
-        for key in ("epsilon_max", "sigma", "T_max", "bits_per_coefficient_mean", "uplink_payload_MB",
-                    "perturbation_norm_mean", "encode_ms_mean"):
+        for key in (
+            "epsilon_max",
+            "sigma",
+            "T_max",
+            "bits_per_coefficient_mean",
+            "uplink_payload_MB",
+            "perturbation_norm_mean",
+            "encode_ms_mean",
+        ):
             if key in stats:
                 row[key] = f"{stats[key][0]:.4g}"
         rows.append(row)

@@ -60,11 +60,15 @@ def _main(argv: list[str] | None) -> int:
         return int(args.func(args) or 0)
     except RunInterrupted as err:
         if args.command == "sweep":
-            where = (f"the last checkpoint of that run is at round {err.checkpoint_round}; run the same sweep command "
-                     "again to continue (finished runs are skipped, unfinished ones resumed)")
+            where = (
+                f"the last checkpoint of that run is at round {err.checkpoint_round}; run the same sweep command "
+                "again to continue (finished runs are skipped, unfinished ones resumed)"
+            )
         elif err.run_dir is not None:
-            where = (f"the last checkpoint is at round {err.checkpoint_round}; continue with the same command plus "
-                     f"--resume --out {err.run_dir}")
+            where = (
+                f"the last checkpoint is at round {err.checkpoint_round}; continue with the same command plus "
+                f"--resume --out {err.run_dir}"
+            )
         else:
             where = "no checkpoint had been written yet, so nothing was kept; run it again to start over"
         print(f"fedtailor {args.command}: interrupted during round {err.round}; {where}.", file=sys.stderr)

@@ -63,13 +63,16 @@ def _cmd_roundtrip(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"input file {path} not found (expected a .npy array of shape (n, d))")
     try:
         inputs = np.load(path, allow_pickle=False)
-    except Exception as err:  # noqa: BLE001 - np.load raises many kinds on foreign bytes
-        raise ValueError(f"{path} is not a .npy array file ({type(err).__name__}); save the inputs with "
-                         "numpy.save(path, array) as a float array of shape (n, d) or (d,).") from None
+    except Exception as err:
+        raise ValueError(
+            f"{path} is not a .npy array file ({type(err).__name__}); save the inputs with "
+            "numpy.save(path, array) as a float array of shape (n, d) or (d,)."
+        ) from None
     if not isinstance(inputs, np.ndarray) or inputs.ndim not in (1, 2) or inputs.size == 0:
         shape = getattr(inputs, "shape", None)
-        raise ValueError(f"{path} holds an array of shape {shape}; expected a non-empty float array of shape "
-                         "(n, d) or (d,).")
+        raise ValueError(
+            f"{path} holds an array of shape {shape}; expected a non-empty float array of shape (n, d) or (d,)."
+        )
     if not np.issubdtype(inputs.dtype, np.number) or np.iscomplexobj(inputs):
         raise ValueError(f"{path} holds {inputs.dtype} values; expected real numbers (float64 or float32).")
     if not np.all(np.isfinite(inputs)):
@@ -99,15 +102,11 @@ def _cmd_roundtrip(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     with single_thread():
-        rows = bench_codecs(
-            k=args.k, sigma=args.sigma, norm=args.norm, releases=args.releases, seed=args.seed
-        )
+        rows = bench_codecs(k=args.k, sigma=args.sigma, norm=args.norm, releases=args.releases, seed=args.seed)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(
-        f"machine: {platform.platform()}, {platform.processor() or 'cpu'}, numpy {np.__version__}, one thread"
-    )
+    print(f"machine: {platform.platform()}, {platform.processor() or 'cpu'}, numpy {np.__version__}, one thread")
     print(markdown(rows))
     print(bench_notes(k=args.k, sigma=args.sigma, norm=args.norm))
     return 0
@@ -131,9 +130,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rt.add_argument("--out", required=True, help="output .npz")
     rt.add_argument("--block-size", type=_positive_int, default=4, help="lrsuq block size b (default 4)")
     rt.add_argument("--lattice", choices=("Z", "D4"), default="Z", help="lrsuq lattice (default Z)")
-    rt.add_argument(
-        "--coder", choices=("elias", "ans"), default="elias", help="entropy coder (default elias)"
-    )
+    rt.add_argument("--coder", choices=("elias", "ans"), default="elias", help="entropy coder (default elias)")
     rt.set_defaults(func=_cmd_roundtrip)
     bench = sub.add_parser(
         "bench",

@@ -23,8 +23,10 @@ def _datasets(args: argparse.Namespace) -> int:
 
 def _partition(args: argparse.Namespace) -> int:
     if args.unseen >= args.clients:
-        raise ValueError(f"--unseen {args.unseen} must be smaller than --clients {args.clients} (some "
-                         "clients must be seen); lower --unseen or raise --clients.")
+        raise ValueError(
+            f"--unseen {args.unseen} must be smaller than --clients {args.clients} (some "
+            "clients must be seen); lower --unseen or raise --clients."
+        )
     dataset = load_dataset(args.dataset, root=args.root)
     partition = federated_partition(
         dataset.y,
@@ -48,9 +50,7 @@ def _partition(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``datasets`` and ``partition`` subcommands."""
-    p = subparsers.add_parser(
-        "datasets", help="list the datasets, whether each is installed, how to install it"
-    )
+    p = subparsers.add_parser("datasets", help="list the datasets, whether each is installed, how to install it")
     p.set_defaults(func=_datasets)
 
     p = subparsers.add_parser(
@@ -65,16 +65,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--root", default=None, help="folder/file of the dataset when not in its default place")
     p.add_argument("--clients", type=positive_int, default=50, help="number of clients (default 50)")
-    p.add_argument("--unseen", type=nonnegative_int, default=10,
-                   help="unseen (Future) clients among them, fewer than --clients (default 10)")
+    p.add_argument(
+        "--unseen",
+        type=nonnegative_int,
+        default=10,
+        help="unseen (Future) clients among them, fewer than --clients (default 10)",
+    )
     p.add_argument("--alpha", type=positive_float, default=0.5, help="Dirichlet concentration (default 0.5)")
     p.add_argument("--scheme", choices=SCHEMES, default="dirichlet-equal", help="partition scheme")
-    p.add_argument("--eval-fraction", type=open_unit, default=0.2,
-                   help="seen clients' eval share, in (0, 1) (default 0.2)")
-    p.add_argument("--context-size", type=nonnegative_int, default=333,
-                   help="conditioning set size m_c (default 333)")
+    p.add_argument(
+        "--eval-fraction", type=open_unit, default=0.2, help="seen clients' eval share, in (0, 1) (default 0.2)"
+    )
+    p.add_argument("--context-size", type=nonnegative_int, default=333, help="conditioning set size m_c (default 333)")
     p.add_argument("--seed", type=int, required=True, help="seed (the reported runs use 41..45)")
-    p.add_argument("--max-rows", type=positive_int, default=60,
-                   help="clients shown in the table (default 60)")
+    p.add_argument("--max-rows", type=positive_int, default=60, help="clients shown in the table (default 60)")
     p.add_argument("--plot", default=None, help="write a stacked-bar PNG of class shares to this path")
     p.set_defaults(func=_partition)

@@ -36,8 +36,7 @@ def calibration_report(
     """Sample the schedule, calibrate sigma under every conversion and cross-evaluate eps at each sigma. The
     schedule's participation counts are those of the run's schedule, counted without holding it in memory
     (:func:`fedtailor.fl.schedule.schedule_counts`; ``progress(n)`` after every ``n`` rounds)."""
-    counts = schedule_counts(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed,
-                             progress=progress)
+    counts = schedule_counts(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed, progress=progress)
     t_max = int(counts.max())
     d_c = context_sensitivity(context_size)
     d_g = gradient_sensitivity(batch_size=batch_size, clip=clip)
@@ -112,10 +111,21 @@ class _Progress:
             if left > 3.0:
                 from tqdm.auto import tqdm
 
-                print(f"fedtailor privacy calibrate: sampling the {self.rounds:,}-round schedule for T_max "
-                      f"takes about {_duration(left)} here (Ctrl-C stops).", file=sys.stderr)
-                self.bar = tqdm(total=self.rounds, initial=self.done, unit="round", desc="schedule",
-                                file=sys.stderr, leave=False, disable=None, mininterval=1.0)
+                print(
+                    f"fedtailor privacy calibrate: sampling the {self.rounds:,}-round schedule for T_max "
+                    f"takes about {_duration(left)} here (Ctrl-C stops).",
+                    file=sys.stderr,
+                )
+                self.bar = tqdm(
+                    total=self.rounds,
+                    initial=self.done,
+                    unit="round",
+                    desc="schedule",
+                    file=sys.stderr,
+                    leave=False,
+                    disable=None,
+                    mininterval=1.0,
+                )
         elif self.bar:
             self.bar.update(n)
 
@@ -132,8 +142,10 @@ def _duration(seconds: float) -> str:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.per_round > args.clients:
-        raise ValueError(f"--per-round {args.per_round} exceeds --clients {args.clients}: a round selects "
-                         "distinct clients; lower --per-round or raise --clients.")
+        raise ValueError(
+            f"--per-round {args.per_round} exceeds --clients {args.clients}: a round selects "
+            "distinct clients; lower --per-round or raise --clients."
+        )
     progress = _Progress(args.rounds)
     try:
         report = calibration_report(
@@ -168,17 +180,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--eps", type=positive_float, required=True, help="target epsilon")
     cal.add_argument("--delta", type=open_unit, default=1e-5, help="target delta, in (0, 1) (default 1e-5)")
     cal.add_argument("--rounds", type=positive_int, default=500, help="communication rounds (default 500)")
-    cal.add_argument("--clients", type=positive_int, default=40,
-                     help="participating (seen) clients (default 40)")
-    cal.add_argument("--per-round", type=positive_int, default=2,
-                     help="clients selected per round, at most --clients (default 2)")
+    cal.add_argument("--clients", type=positive_int, default=40, help="participating (seen) clients (default 40)")
     cal.add_argument(
-        "--seed", type=int, required=True, help="seed of the schedule, numpy_rng(seed, 'schedule')"
+        "--per-round", type=positive_int, default=2, help="clients selected per round, at most --clients (default 2)"
     )
-    cal.add_argument("--context-size", type=positive_int, default=333,
-                     help="m_c, records in the context set (333)")
-    cal.add_argument("--batch-size", type=positive_int, default=333,
-                     help="m_g, records per coefficient release (333)")
+    cal.add_argument("--seed", type=int, required=True, help="seed of the schedule, numpy_rng(seed, 'schedule')")
+    cal.add_argument("--context-size", type=positive_int, default=333, help="m_c, records in the context set (333)")
+    cal.add_argument("--batch-size", type=positive_int, default=333, help="m_g, records per coefficient release (333)")
     cal.add_argument("--clip", type=positive_float, default=1.0, help="C_g, per-record clip norm (1.0)")
     cal.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     cal.set_defaults(func=_cmd_calibrate)

@@ -16,25 +16,43 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.list or not args.names:
         print(listing())
         return 0
-    outcome = reproduce(args.names, out=args.out, seeds=parse_seeds(args.seeds) if args.seeds else None,
-                        quick=args.quick, jobs=args.jobs, progress=lambda line: print(line, file=sys.stderr))
+    outcome = reproduce(
+        args.names,
+        out=args.out,
+        seeds=parse_seeds(args.seeds) if args.seeds else None,
+        quick=args.quick,
+        jobs=args.jobs,
+        progress=lambda line: print(line, file=sys.stderr),
+    )
     print(f"report: {outcome.report}")
     if outcome.failed:
-        print(f"{len(outcome.failed)} run(s) failed; their logs are beside their run directories. Run the same "
-              "command again to retry them (finished runs are skipped).", file=sys.stderr)
+        print(
+            f"{len(outcome.failed)} run(s) failed; their logs are beside their run directories. Run the same "
+            "command again to retry them (finished runs are skipped).",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("reproduce", help="run the papers' experiments: tables, plots, an HTML report",
-                       description="Run named experiments (see --list). Finished runs are skipped and unfinished "
-                                   "ones resumed, so an interrupted reproduction continues where it stopped.")
-    p.add_argument("names", nargs="*", help="experiments to run (see --list; 'all' for every one, NAME/BLOCK for one block)")
+    p = sub.add_parser(
+        "reproduce",
+        help="run the papers' experiments: tables, plots, an HTML report",
+        description="Run named experiments (see --list). Finished runs are skipped and unfinished "
+        "ones resumed, so an interrupted reproduction continues where it stopped.",
+    )
+    p.add_argument(
+        "names", nargs="*", help="experiments to run (see --list; 'all' for every one, NAME/BLOCK for one block)"
+    )
     p.add_argument("--list", action="store_true", help="list the experiments and their sizes")
     p.add_argument("--quick", action="store_true", help="the reduced scale of each experiment")
     p.add_argument("--seeds", help="override the experiments' seeds, e.g. 41-43")
-    p.add_argument("--jobs", type=positive_int, default=1,
-                   help="processes at once (>= 1), cores // N threads each (at most the cores)")
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="processes at once (>= 1), cores // N threads each (at most the cores)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="output folder")
     p.set_defaults(func=_reproduce)

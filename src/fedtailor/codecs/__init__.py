@@ -34,9 +34,7 @@ def get_codec(name: str, **options: object) -> Codec:
     if name == "lrsuq":
         unknown = set(options) - {"block_size", "lattice", "coder"}
         if unknown:
-            raise ValueError(
-                f"codec 'lrsuq' options are block_size, lattice, coder; got unknown {sorted(unknown)}"
-            )
+            raise ValueError(f"codec 'lrsuq' options are block_size, lattice, coder; got unknown {sorted(unknown)}")
         return LRSUQCodec(**options)  # type: ignore[arg-type]
     raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")
 

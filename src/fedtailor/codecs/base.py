@@ -96,13 +96,9 @@ def check_input(u: object, sigma: float, *, bound_sigmas: bool) -> np.ndarray:
     """``u`` as a contiguous float64 vector; refuses other ranks, empty, non-finite and (optionally) huge inputs."""
     arr = np.asarray(u)
     if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
-        raise ValueError(
-            f"u must be a real float array, got dtype {arr.dtype}; convert with np.asarray(u, float)"
-        )
+        raise ValueError(f"u must be a real float array, got dtype {arr.dtype}; convert with np.asarray(u, float)")
     if arr.ndim != 1:
-        raise ValueError(
-            f"u must be a vector of shape (d,), got shape {arr.shape}; flatten it first (u.ravel())"
-        )
+        raise ValueError(f"u must be a vector of shape (d,), got shape {arr.shape}; flatten it first (u.ravel())")
     if arr.size == 0 or arr.size > MAX_DIM:
         raise ValueError(f"u must have between 1 and {MAX_DIM} entries, got {arr.size}")
     arr = np.ascontiguousarray(arr, dtype=np.float64)

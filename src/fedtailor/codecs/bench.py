@@ -112,10 +112,12 @@ def bench_notes(*, k: int = 16384, sigma: float = 0.01468, norm: float = 1.0) ->
     z4, d4 = LRSUQCodec(), LRSUQCodec(lattice="D4")
     return (
         f"Setting: k = {k}, sigma = {sigma}, ||u|| = {norm}, fresh key per release; bpc includes the 26-byte frame.\n"
-        f"Floor I(u; u+e) for Gaussian input of the same power: {gaussian_floor_bpc(norm=norm, k=k, sigma=sigma):.3f} bpc.\n"
+        "Floor I(u; u+e) for Gaussian input of the same power: "
+        f"{gaussian_floor_bpc(norm=norm, k=k, sigma=sigma):.3f} bpc.\n"
         f"H(K)/b (K alone, ideal coder): Z^4 {lrsuq_ideal_bpc(z4):.3f} bpc (p = {z4.law.p:.4f}), "
         f"D4 {lrsuq_ideal_bpc(d4):.3f} bpc (p = {d4.law.p:.4f}); b = 1 needs no K.\n"
-        f"Paper (Table 3): LRSUQ {PAPER_LRSUQ_BPC} bpc, {PAPER_LRSUQ_MS} ms per event; DG+Q12 11.09 ms, DG FP32 0.14 ms."
+        f"Paper (Table 3): LRSUQ {PAPER_LRSUQ_BPC} bpc, {PAPER_LRSUQ_MS} ms per event; "
+        "DG+Q12 11.09 ms, DG FP32 0.14 ms."
     )
 
 

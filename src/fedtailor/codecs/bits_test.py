@@ -44,7 +44,7 @@ def test_group_roundtrip_and_length_match_gamma() -> None:
 
 def test_bit_lengths_exact_at_powers_of_two() -> None:
     p = np.array([2**i for i in range(53)] + [2**i - 1 for i in range(1, 53)], dtype=np.int64)
-    expected = np.array([i for i in range(53)] + [i - 1 for i in range(1, 53)])
+    expected = np.array(list(range(53)) + [i - 1 for i in range(1, 53)])
     np.testing.assert_array_equal(bit_lengths(p), expected)
 
 

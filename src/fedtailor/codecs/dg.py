@@ -60,9 +60,7 @@ class DirectGaussianCodec(Codec):
         key, sigma, dim = _decode_args(key, sigma, dim, allow_zero=True)
         payload = open_message(message, self.frame, dim=dim, key=key, sigma=sigma)
         if len(payload) != 4 * dim:
-            raise CodecError(
-                f"payload holds {len(payload)} bytes, {4 * dim} expected for {dim} float32 values"
-            )
+            raise CodecError(f"payload holds {len(payload)} bytes, {4 * dim} expected for {dim} float32 values")
         y = np.frombuffer(payload, dtype="<f4").astype(np.float64)
         if not np.all(np.isfinite(y)):
             raise CodecError("payload holds NaN or infinite values")
@@ -120,9 +118,7 @@ class DGQ12Codec(Codec):
         payload = open_message(message, self.frame, dim=dim, key=key, sigma=sigma)
         expected = 16 + (12 * dim + 7) // 8
         if len(payload) != expected:
-            raise CodecError(
-                f"payload holds {len(payload)} bytes, {expected} expected for {dim} 12-bit values"
-            )
+            raise CodecError(f"payload holds {len(payload)} bytes, {expected} expected for {dim} 12-bit values")
         lo, hi = struct.unpack_from("<dd", payload)
         if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi and np.isfinite(hi - lo)):
             raise CodecError(f"payload range [{lo}, {hi}] is not a finite interval")

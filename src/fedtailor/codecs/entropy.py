@@ -120,10 +120,7 @@ class EliasCoder(EntropyCoder):
     def decode(self, payload: bytes, n_blocks: int, dithers: DitherLookup) -> tuple[np.ndarray, np.ndarray]:
         b = self.lattice.b
         r = BitReader(payload)
-        if self.law.coded:
-            k = r.gamma(n_blocks, limit=self.law.k_max)
-        else:
-            k = np.ones(n_blocks, dtype=np.int64)
+        k = r.gamma(n_blocks, limit=self.law.k_max) if self.law.coded else np.ones(n_blocks, dtype=np.int64)
         count = int(r.gamma(1, limit=n_blocks + 1)[0]) - 1
         rows = np.cumsum(r.gamma(count, limit=n_blocks)) - 1
         if count and rows[-1] >= n_blocks:
@@ -168,9 +165,7 @@ class AnsCoder(EntropyCoder):
     def __init__(self, law: IterationLaw, lattice: Lattice) -> None:
         super().__init__(law, lattice)
         self._c = _ans()
-        self._k_model = (
-            self._c.stream.model.Categorical(law.probabilities, perfect=False) if law.coded else None
-        )
+        self._k_model = self._c.stream.model.Categorical(law.probabilities, perfect=False) if law.coded else None
 
     def _ans_words(
         self, k: np.ndarray, sym_by_bucket: np.ndarray, bounds: np.ndarray, counts: np.ndarray

@@ -51,7 +51,8 @@ class Frame:
     def describe(self) -> str:
         return (
             f"codec {CODEC_NAMES.get(self.codec_id, self.codec_id)}, lattice "
-            f"{LATTICE_NAMES.get(self.lattice_id, self.lattice_id)}, coder {CODER_NAMES.get(self.coder_id, self.coder_id)}, "
+            f"{LATTICE_NAMES.get(self.lattice_id, self.lattice_id)}, "
+            f"coder {CODER_NAMES.get(self.coder_id, self.coder_id)}, "
             f"block size {self.block_size}"
         )
 
@@ -86,9 +87,7 @@ def open_message(message: bytes, frame: Frame, *, dim: int, key: int, sigma: flo
     message = bytes(message)
     if len(message) < FRAME_BYTES:
         raise CodecError(f"message truncated: {len(message)} bytes, a frame alone needs {FRAME_BYTES}")
-    magic, version, codec_id, lattice_id, coder_id, block_size, flags, mdim, tag, n = _HEADER.unpack_from(
-        message
-    )
+    magic, version, codec_id, lattice_id, coder_id, block_size, flags, mdim, tag, n = _HEADER.unpack_from(message)
     if magic != MAGIC:
         raise CodecError(f"not a fedtailor codec message (magic {magic!r}, expected {MAGIC!r})")
     if version != VERSION:
@@ -105,15 +104,11 @@ def open_message(message: bytes, frame: Frame, *, dim: int, key: int, sigma: flo
         raise CodecError("message corrupted: CRC32 checksum mismatch")
     got = Frame(codec_id, lattice_id, coder_id, block_size)
     if got != frame:
-        raise CodecError(
-            f"message was written by another codec ({got.describe()}); this decoder is {frame.describe()}"
-        )
+        raise CodecError(f"message was written by another codec ({got.describe()}); this decoder is {frame.describe()}")
     if flags != 0:
         raise CodecError(f"unknown header flags {flags:#x}; the message needs a newer decoder")
     if mdim != dim:
-        raise CodecError(
-            f"dimension mismatch: message holds {mdim} coefficients, decoder asked for dim={dim}"
-        )
+        raise CodecError(f"dimension mismatch: message holds {mdim} coefficients, decoder asked for dim={dim}")
     if tag != key_tag(key, sigma, codec_id):
         raise CodecError(
             "key or sigma mismatch: the message was encoded with another release key or sigma; decode with the "

@@ -144,9 +144,7 @@ def test_hostile_iteration_counts_are_capped() -> None:
     w = BitWriter()
     w.gamma(np.full(4096, k_max))
     w.gamma(np.array([1]))
-    y = big.decode(
-        seal(big.frame, dim=dim, key=KEY, sigma=SIGMA, payload=w.getvalue()), key=KEY, sigma=SIGMA, dim=dim
-    )
+    y = big.decode(seal(big.frame, dim=dim, key=KEY, sigma=SIGMA, payload=w.getvalue()), key=KEY, sigma=SIGMA, dim=dim)
     assert y.shape == (dim,)  # completes: at most k_max dither arrays are drawn, whatever the message says
     assert np.all(np.abs(y) <= 0.5 * 2 * codec.radius(KEY, SIGMA, 4096).repeat(4) + 1e-12)
 
@@ -165,9 +163,7 @@ def test_hostile_lattice_indices_are_rejected() -> None:
     d4 = CODECS["lrsuq-d4"]
     with pytest.raises(CodecError, match="D4 lattice"):
         d4.decode(reseal(d4, elias_payload(d4, [1, 0, 0, 0])), key=KEY, sigma=SIGMA, dim=DIM)
-    assert d4.decode(reseal(d4, elias_payload(d4, [1, 1, 0, 0])), key=KEY, sigma=SIGMA, dim=DIM).shape == (
-        DIM,
-    )
+    assert d4.decode(reseal(d4, elias_payload(d4, [1, 1, 0, 0])), key=KEY, sigma=SIGMA, dim=DIM).shape == (DIM,)
     z4 = CODECS["lrsuq"]
     with pytest.raises(CodecError, match="canonical"):
         z4.decode(reseal(z4, elias_payload(z4, [0, 0, 0, 0])), key=KEY, sigma=SIGMA, dim=DIM)
@@ -191,9 +187,7 @@ def test_ans_payload_tampering_is_rejected(name: str) -> None:
             codec.decode(reseal(codec, p), key=KEY, sigma=SIGMA, dim=DIM)
 
 
-FUZZ = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
-)
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 
 @FUZZ

@@ -105,9 +105,7 @@ class LRSUQCodec(Codec):
         """The layer radius rho of every block (step 1 of the module docstring)."""
         dof = self.radius_dof()
         per_block = dof // 2 + 2 * (dof % 2)
-        words = stream_words(self.stream_key(key, "radius"), count=n_blocks * per_block).reshape(
-            n_blocks, per_block
-        )
+        words = stream_words(self.stream_key(key, "radius"), count=n_blocks * per_block).reshape(n_blocks, per_block)
         return sigma * np.sqrt(chi_square_from_words(words, dof))
 
     def decoder_radius(self, key: int, sigma: float, n_blocks: int) -> np.ndarray:
@@ -139,9 +137,7 @@ class LRSUQCodec(Codec):
         return k
 
     # --- the mechanism on blocks ---------------------------------------------------------------------------
-    def encode_blocks(
-        self, ub: np.ndarray, *, key: int, sigma: float
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def encode_blocks(self, ub: np.ndarray, *, key: int, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(K, M, V_K) for the blocks ``ub`` (shape (n, b)); vectorised over the unaccepted blocks."""
         n, b = ub.shape
         x = ub / (self.radius(key, sigma, n) * self.cell_scale())[:, None]

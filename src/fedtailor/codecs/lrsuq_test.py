@@ -234,17 +234,13 @@ def test_battery_accepts_the_real_codec(codec: LRSUQCodec) -> None:
 
 @pytest.mark.parametrize("variant", list(BROKEN_VARIANTS), ids=lambda s: s.replace(" ", "-"))
 def test_battery_rejects_every_broken_variant(variant: str) -> None:
-    result = exactness_battery(
-        BROKEN_VARIANTS[variant](), sigma=SIGMA, n_blocks=16384, secret=2024, alpha=ALPHA
-    )
+    result = exactness_battery(BROKEN_VARIANTS[variant](), sigma=SIGMA, n_blocks=16384, secret=2024, alpha=ALPHA)
     assert result.holm_p < ALPHA, result.worst()
     assert result.rejected()
 
 
 def test_battery_rejects_a_key_schedule_that_reuses_seeds() -> None:
-    result = exactness_battery(
-        LRSUQCodec(), sigma=SIGMA, n_blocks=4096, key_fn=reused_release_key, alpha=ALPHA
-    )
+    result = exactness_battery(LRSUQCodec(), sigma=SIGMA, n_blocks=4096, key_fn=reused_release_key, alpha=ALPHA)
     assert result.holm_p < ALPHA
     assert result.rejected() == ["releases/corr"]
 
@@ -267,9 +263,7 @@ def test_rates_at_eps16_beat_the_targets_and_respect_the_floor() -> None:
     rates = {}
     for coder in ("elias", "ans"):
         codec = get_codec("lrsuq", coder=coder)
-        rates[coder] = np.mean(
-            [8 * len(codec.encode(u, key=release_key(5, 0, r), sigma=SIGMA)) / k for r in range(3)]
-        )
+        rates[coder] = np.mean([8 * len(codec.encode(u, key=release_key(5, 0, r), sigma=SIGMA)) / k for r in range(3)])
     assert floor < rates["ans"] <= 1.1
     assert rates["ans"] < rates["elias"] <= 2.0
     # K alone costs H(K)/4 = 0.7225 bpc: the ANS coder cannot go below it (minus nothing: K is incompressible).

@@ -27,9 +27,7 @@ def test_datasets_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert rows["fashion-mnist"][1] == "yes" and rows["cifar10"][1] == "no"
 
 
-def test_partition_command_prints_the_histogram_and_plots(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_partition_command_prints_the_histogram_and_plots(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     argv = [
         "partition",
         "--dataset",

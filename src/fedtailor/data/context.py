@@ -54,9 +54,7 @@ def context_features(x: torch.Tensor) -> torch.Tensor:
     phi = torch.cat([mu, nu], dim=-1) / math.sqrt(2 * channels)
     max_norm = phi.norm(dim=-1).max().item()
     if max_norm > 1 + 1e-5:
-        raise RuntimeError(
-            f"context_features: ||phi(x)|| = {max_norm} > 1, which the construction rules out."
-        )
+        raise RuntimeError(f"context_features: ||phi(x)|| = {max_norm} > 1, which the construction rules out.")
     return phi
 
 

@@ -152,7 +152,9 @@ def test_release_is_keyed_and_exact_without_noise() -> None:
     c = release_context(x, sigma=0.05, key=derive_key(41, "context", 4))
     assert torch.equal(a, b) and not torch.equal(a, c)
     # secure mode: fresh OS entropy, so two releases of the same data differ and no seed reproduces either
-    assert not torch.equal(release_context(x, sigma=0.05, key=fresh_key()), release_context(x, sigma=0.05, key=fresh_key()))
+    assert not torch.equal(
+        release_context(x, sigma=0.05, key=fresh_key()), release_context(x, sigma=0.05, key=fresh_key())
+    )
     torch.testing.assert_close(release_context(x, sigma=0.0, key=fresh_key()), context_mean(x))
     with pytest.raises(ValueError, match="non-negative"):
         release_context(x, sigma=-1.0, key=1)

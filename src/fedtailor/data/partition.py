@@ -38,8 +38,8 @@ __all__ = [
     "dirichlet_equal_partition",
     "dirichlet_per_class_partition",
     "federated_partition",
-    "holdout_validation",
     "format_partition_table",
+    "holdout_validation",
     "iid_partition",
     "plot_partition",
     "sample_log_dirichlet",
@@ -224,9 +224,7 @@ def dirichlet_equal_partition(
         horizon = np.min(pools.remaining[available] / np.maximum(demand[available], 1e-300))
         block = int(min(per_client - step, max_block, 1.25 * horizon + 1))
         order = rng.permuted(np.tile(np.arange(num_clients), (block, 1)), axis=1)  # each pass's client order
-        cls = _inverse_cdf(weights[order.ravel()], rng.random(block * num_clients)).reshape(
-            block, num_clients
-        )
+        cls = _inverse_cdf(weights[order.ravel()], rng.random(block * num_clients)).reshape(block, num_clients)
         per_pass = np.bincount(
             (np.arange(block)[:, None] * num_classes + cls).ravel(), minlength=block * num_classes
         ).reshape(block, num_classes)
@@ -325,7 +323,7 @@ def iid_partition(labels: np.ndarray, *, num_clients: int, rng: np.random.Genera
 
 
 def _eval_count(n: int, eval_fraction: float) -> int:
-    return int(math.floor(eval_fraction * n + 0.5))
+    return math.floor(eval_fraction * n + 0.5)
 
 
 def _min_client_size(eval_fraction: float, context_size: int) -> int:
@@ -366,9 +364,7 @@ def federated_partition(
         raise ValueError(f"unknown partition scheme {scheme!r}; valid: {', '.join(SCHEMES)}")
     _check_num_clients(num_clients, labels.size)
     if not isinstance(num_unseen, (int, np.integer)) or not 0 <= num_unseen <= num_clients:
-        raise ValueError(
-            f"num_unseen must be an integer in [0, num_clients={num_clients}], got {num_unseen!r}"
-        )
+        raise ValueError(f"num_unseen must be an integer in [0, num_clients={num_clients}], got {num_unseen!r}")
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must lie in (0, 1), got {eval_fraction!r} (0.2 gives a 4:1 split)")
     if not isinstance(context_size, (int, np.integer)) or context_size < 0:
@@ -379,9 +375,7 @@ def federated_partition(
     if scheme == "dirichlet-equal":
         parts = dirichlet_equal_partition(labels, num_clients=num_clients, alpha=alpha, rng=rng)
     elif scheme == "dirichlet-per-class":
-        parts = dirichlet_per_class_partition(
-            labels, num_clients=num_clients, alpha=alpha, rng=rng, min_size=need
-        )
+        parts = dirichlet_per_class_partition(labels, num_clients=num_clients, alpha=alpha, rng=rng, min_size=need)
     else:
         parts = iid_partition(labels, num_clients=num_clients, rng=rng)
     smallest = int(np.argmin([p.size for p in parts]))
@@ -392,9 +386,7 @@ def federated_partition(
             "context_size"
         )
 
-    unseen = np.sort(
-        numpy_rng(seed, "partition", "unseen").choice(num_clients, size=num_unseen, replace=False)
-    )
+    unseen = np.sort(numpy_rng(seed, "partition", "unseen").choice(num_clients, size=num_unseen, replace=False))
     is_unseen = np.zeros(num_clients, dtype=bool)
     is_unseen[unseen] = True
     clients = []
@@ -414,9 +406,7 @@ def federated_partition(
             n_eval = _eval_count(perm.size, eval_fraction)
             train = perm[n_eval:]
             clients.append(
-                ClientIndices(
-                    cid, True, np.sort(train), np.sort(perm[:n_eval]), np.sort(train[:context_size])
-                )
+                ClientIndices(cid, True, np.sort(train), np.sort(perm[:n_eval]), np.sort(train[:context_size]))
             )
     return FederatedPartition(
         clients=tuple(clients),
@@ -442,7 +432,7 @@ def holdout_validation(partition: FederatedPartition, *, fraction: float, seed: 
             clients.append(ClientIndices(c.client_id, False, c.train, np.empty(0, dtype=np.int64), c.context))
             continue
         outside = np.setdiff1d(c.train, c.context)
-        n_val = int(round(fraction * c.train.size))
+        n_val = round(fraction * c.train.size)
         if not 0 < n_val <= outside.size:
             raise ValueError(
                 f"client {c.client_id} has {outside.size} training records outside its context set, cannot hold out "
@@ -450,8 +440,9 @@ def holdout_validation(partition: FederatedPartition, *, fraction: float, seed: 
             )
         val = numpy_rng(seed, "partition", "validation", c.client_id).choice(outside, size=n_val, replace=False)
         clients.append(ClientIndices(c.client_id, True, np.setdiff1d(c.train, val), np.sort(val), c.context))
-    return FederatedPartition(clients=tuple(clients), seen=partition.seen, unseen=partition.unseen,
-                              num_classes=partition.num_classes)
+    return FederatedPartition(
+        clients=tuple(clients), seen=partition.seen, unseen=partition.unseen, num_classes=partition.num_classes
+    )
 
 
 # ------------------------------------------------------------------------------------------ summaries
@@ -481,9 +472,7 @@ def format_partition_table(labels: np.ndarray, partition: FederatedPartition, *,
     """
     hist = class_histogram(labels, partition)
     tv = _tv_to_global(hist)
-    header = ["client", "role", "n_train", "n_eval", "n_ctx"] + [
-        f"c{k}" for k in range(partition.num_classes)
-    ]
+    header = ["client", "role", "n_train", "n_eval", "n_ctx"] + [f"c{k}" for k in range(partition.num_classes)]
     header.append("tv")
     rows = []
     for c in partition.clients[:max_rows]:
@@ -529,9 +518,7 @@ def plot_partition(labels: np.ndarray, partition: FederatedPartition, path: str 
     bottom = np.zeros(k)
     x = np.arange(k)
     for cls in range(num_classes):
-        ax.bar(
-            x, shares[:, cls], bottom=bottom, width=0.9, color=cmap(cls % cmap.N), label=str(cls), linewidth=0
-        )
+        ax.bar(x, shares[:, cls], bottom=bottom, width=0.9, color=cmap(cls % cmap.N), label=str(cls), linewidth=0)
         bottom += shares[:, cls]
     if partition.unseen:
         ax.scatter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -96,13 +97,9 @@ def test_equal_partition_invariants(counts: list[int], num_clients: int, alpha: 
     np.random.default_rng(seed).shuffle(labels)
     if num_clients > labels.size:
         with pytest.raises(ValueError, match="exceeds"):
-            dirichlet_equal_partition(
-                labels, num_clients=num_clients, alpha=alpha, rng=np.random.default_rng(seed)
-            )
+            dirichlet_equal_partition(labels, num_clients=num_clients, alpha=alpha, rng=np.random.default_rng(seed))
         return
-    parts = dirichlet_equal_partition(
-        labels, num_clients=num_clients, alpha=alpha, rng=np.random.default_rng(seed)
-    )
+    parts = dirichlet_equal_partition(labels, num_clients=num_clients, alpha=alpha, rng=np.random.default_rng(seed))
     size = labels.size // num_clients
     _check_equal_partition(parts, labels.size, num_clients, size)
     assert labels.size - num_clients * size <= num_clients - 1
@@ -112,13 +109,9 @@ def test_equal_partition_uses_every_record_when_divisible_and_size_option() -> N
     parts = dirichlet_equal_partition(BALANCED, num_clients=50, alpha=0.5, rng=np.random.default_rng(0))
     _check_equal_partition(parts, 7000, 50, 140)
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(7000))
-    parts = dirichlet_equal_partition(
-        BALANCED[:7003], num_clients=50, alpha=0.5, rng=np.random.default_rng(0)
-    )
+    parts = dirichlet_equal_partition(BALANCED[:7003], num_clients=50, alpha=0.5, rng=np.random.default_rng(0))
     assert 7003 - np.concatenate(parts).size == 3
-    parts = dirichlet_equal_partition(
-        BALANCED, num_clients=20, alpha=0.5, rng=np.random.default_rng(0), size=30
-    )
+    parts = dirichlet_equal_partition(BALANCED, num_clients=20, alpha=0.5, rng=np.random.default_rng(0), size=30)
     _check_equal_partition(parts, 7000, 20, 30)
     with pytest.raises(ValueError, match="only 7000 exist"):
         dirichlet_equal_partition(BALANCED, num_clients=20, alpha=0.5, rng=np.random.default_rng(0), size=351)
@@ -146,9 +139,7 @@ def test_counts_follow_multinomial_of_q_when_no_class_runs_out() -> None:
     """
     labels = np.repeat(np.arange(10), 10_000)  # 20 x 500 = 10,000 draws: no class can run out
     q = np.exp(sample_log_dirichlet(5.0, 20, 10, np.random.default_rng(11)))
-    parts = dirichlet_equal_partition(
-        labels, num_clients=20, alpha=5.0, rng=np.random.default_rng(11), size=500
-    )
+    parts = dirichlet_equal_partition(labels, num_clients=20, alpha=5.0, rng=np.random.default_rng(11), size=500)
     observed = np.array([np.bincount(labels[p], minlength=10) for p in parts])
     expected = 500 * q
     dof = 20 * 9
@@ -157,9 +148,7 @@ def test_counts_follow_multinomial_of_q_when_no_class_runs_out() -> None:
     assert stats.chi2.sf(((observed - wrong) ** 2 / wrong).sum(), dof) < 1e-6
 
 
-def _per_record_fill_counts(
-    labels: np.ndarray, q: np.ndarray, size: int, rng: np.random.Generator
-) -> np.ndarray:
+def _per_record_fill_counts(labels: np.ndarray, q: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """Reference: the interleaved fill done literally, one client and one record at a time."""
     num_clients, num_classes = q.shape
     remaining = np.bincount(labels, minlength=num_classes)
@@ -216,12 +205,10 @@ def test_skew_grows_as_alpha_shrinks() -> None:
     ]
     # alpha = 100 is near IID: what remains is multinomial noise of 140 draws (about 0.1).
     assert tv[0] < 0.15 and tv[-1] > 0.6, tv
-    assert all(b - a > 0.05 for a, b in zip(tv, tv[1:], strict=False)), tv
+    assert all(b - a > 0.05 for a, b in itertools.pairwise(tv)), tv
 
 
-def _sequential_fill(
-    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
-) -> list[np.ndarray]:
+def _sequential_fill(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
     """Negative control: the same draws but clients filled one after another (what interleaving avoids)."""
     num_classes = int(labels.max()) + 1
     size = labels.size // num_clients
@@ -250,9 +237,7 @@ def test_interleaved_fill_keeps_last_clients_on_their_dirichlet_draw() -> None:
     gaps, control_gaps = [], []
     for seed in range(4):
         q = np.exp(sample_log_dirichlet(0.5, 50, 10, np.random.default_rng(seed)))
-        parts = dirichlet_equal_partition(
-            BALANCED, num_clients=50, alpha=0.5, rng=np.random.default_rng(seed)
-        )
+        parts = dirichlet_equal_partition(BALANCED, num_clients=50, alpha=0.5, rng=np.random.default_rng(seed))
         tv = 0.5 * np.abs(_shares(BALANCED, parts) - q).sum(axis=1)
         gaps.append(tv[-10:].mean() - tv[:10].mean())
         control = _sequential_fill(BALANCED, 50, 0.5, np.random.default_rng(seed))
@@ -298,9 +283,7 @@ def test_per_class_partition() -> None:
     )
     assert min(p.size for p in parts) == 15 and sum(p.size for p in parts) == 7000
     with pytest.raises(ValueError, match="min_size"):
-        dirichlet_per_class_partition(
-            BALANCED, num_clients=50, alpha=0.5, rng=np.random.default_rng(0), min_size=141
-        )
+        dirichlet_per_class_partition(BALANCED, num_clients=50, alpha=0.5, rng=np.random.default_rng(0), min_size=141)
 
 
 def test_iid_partition() -> None:

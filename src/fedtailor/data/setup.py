@@ -51,8 +51,13 @@ def client_data(dataset: ImageDataset, partition: FederatedPartition, device: to
         return torch.from_numpy(dataset.x[i]).to(device), torch.from_numpy(dataset.y[i]).to(device)
 
     return {
-        c.client_id: ClientData(cid=c.client_id, seen=c.seen, train=take(c.train),
-                                eval=take(c.eval) if c.eval.size else None, context=take(c.context)[0])
+        c.client_id: ClientData(
+            cid=c.client_id,
+            seen=c.seen,
+            train=take(c.train),
+            eval=take(c.eval) if c.eval.size else None,
+            context=take(c.context)[0],
+        )
         for c in partition.clients
     }
 
@@ -69,18 +74,38 @@ def build_image_setup(cfg: Any) -> ImageSetup:
         dataset = ImageDataset(name=dataset.name, x=dataset.x[keep], y=dataset.y[keep], num_classes=dataset.num_classes)
         labels = dataset.y
     partition = federated_partition(
-        labels, num_clients=d.num_clients, num_unseen=d.num_unseen, alpha=d.alpha, scheme=d.scheme,
-        eval_fraction=d.eval_fraction, context_size=d.context_size, min_records=d.min_records, seed=cfg.seed,
+        labels,
+        num_clients=d.num_clients,
+        num_unseen=d.num_unseen,
+        alpha=d.alpha,
+        scheme=d.scheme,
+        eval_fraction=d.eval_fraction,
+        context_size=d.context_size,
+        min_records=d.min_records,
+        seed=cfg.seed,
     )
     if d.validation > 0:
         partition = holdout_validation(partition, fraction=d.validation, seed=cfg.seed)
     seen = np.asarray(partition.seen, dtype=np.int64)
-    order = uniform_schedule(num_clients=len(seen), rounds=cfg.federation.rounds,
-                             per_round=cfg.federation.clients_per_round, seed=cfg.seed)
-    log.info("%s: %d records, %d seen + %d unseen clients, device %s", dataset.name, len(dataset),
-             len(partition.seen), len(partition.unseen), device)
-    return ImageSetup(cfg=cfg, device=device, dataset=dataset, partition=partition,
-                      clients=client_data(dataset, partition, device), schedule=seen[order])
+    order = uniform_schedule(
+        num_clients=len(seen), rounds=cfg.federation.rounds, per_round=cfg.federation.clients_per_round, seed=cfg.seed
+    )
+    log.info(
+        "%s: %d records, %d seen + %d unseen clients, device %s",
+        dataset.name,
+        len(dataset),
+        len(partition.seen),
+        len(partition.unseen),
+        device,
+    )
+    return ImageSetup(
+        cfg=cfg,
+        device=device,
+        dataset=dataset,
+        partition=partition,
+        clients=client_data(dataset, partition, device),
+        schedule=seen[order],
+    )
 
 
 register_data("images", build_setup=build_image_setup, check_name=check_dataset_name)

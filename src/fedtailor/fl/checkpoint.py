@@ -61,7 +61,8 @@ def _checkpoint_globals(path: Path) -> list[Any]:
         raise CheckpointError(
             f"checkpoint {path} refers to {err.name!r}, which no fedtailor checkpoint holds; it was not written "
             "by fedtailor (or was altered) and is not loaded. Delete it to restart the run from round 0, or "
-            "start the run in a new directory with --out.") from None
+            "start the run in a new directory with --out."
+        ) from None
 
 
 def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:
@@ -74,15 +75,17 @@ def load_checkpoint(path: Path, schedule: np.ndarray) -> LoopState:
             blob = torch.load(path, weights_only=True)  # tensors return to the device they were saved from
     except CheckpointError:
         raise
-    except Exception as err:  # noqa: BLE001 - any failure to unpickle means the same thing to the user
+    except Exception as err:
         raise CheckpointError(
             f"checkpoint {path} is unreadable ({type(err).__name__}: {str(err)[:80]}); it is damaged or not a "
             "fedtailor checkpoint. Delete it to restart the run from round 0 (the run directory is otherwise "
             "kept), or start the run in a new directory with --out."
         ) from None
     if not isinstance(blob, dict) or not isinstance(blob.get("state"), LoopState):
-        raise CheckpointError(f"checkpoint {path} does not hold a fedtailor loop state; delete it to restart the "
-                              "run from round 0, or start the run in a new directory with --out.")
+        raise CheckpointError(
+            f"checkpoint {path} does not hold a fedtailor loop state; delete it to restart the "
+            "run from round 0, or start the run in a new directory with --out."
+        )
     if blob.get("format") != 1 or blob.get("schedule") != _schedule_digest(schedule):
         raise CheckpointError(
             f"checkpoint {path} was written for a different schedule or format; "

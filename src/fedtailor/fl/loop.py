@@ -57,8 +57,10 @@ def summarize(evaluation: Mapping[int, Metrics], clients: Mapping[int, ClientDat
     """Average per-client metrics over seen and over unseen (Future) clients: within a client first, then
     over clients (each client counts once, whatever its number of records)."""
     out: dict[str, float] = {}
-    for group, members in (("seen", [c for c in evaluation if clients[c].seen]),
-                           ("future", [c for c in evaluation if not clients[c].seen])):
+    for group, members in (
+        ("seen", [c for c in evaluation if clients[c].seen]),
+        ("future", [c for c in evaluation if not clients[c].seen]),
+    ):
         if not members:
             continue
         keys = sorted({k for c in members for k in evaluation[c] if k != "num_examples"})
@@ -94,8 +96,7 @@ class InProcess:
 
     trusted = True
 
-    def __init__(self, method: Method, clients: Mapping[int, ClientData],
-                 states: dict[int, Any] | None = None) -> None:
+    def __init__(self, method: Method, clients: Mapping[int, ClientData], states: dict[int, Any] | None = None) -> None:
         self.method, self.clients = method, clients
         self.client_states: dict[int, Any] = {} if states is None else states
 
@@ -132,8 +133,9 @@ class InProcess:
             raise ValueError(f"unknown message kind {kind!r}.")
 
 
-def evaluate_clients(method: Method, state: LoopState, clients: Mapping[int, ClientData],
-                     transport: Transport | None = None) -> dict[int, Metrics]:
+def evaluate_clients(
+    method: Method, state: LoopState, clients: Mapping[int, ClientData], transport: Transport | None = None
+) -> dict[int, Metrics]:
     """The evaluate phase on every client that has evaluation data (their persistent state is read, not
     changed); replies are type-checked (:func:`accept_evaluation`)."""
     transport = transport or InProcess(method, clients, state.clients)
@@ -178,12 +180,14 @@ class Verdicts:
         """A round in which replies came and every one was rejected is an error with the reasons."""
         if self.rejected and not accepted and not self.abstained:
             reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(self.rejected.items())[:5])
-            raise RoundRejected(f"round {rnd}: every reply was rejected, so the round changes nothing and the run "
-                                f"stops ({reasons}).")
+            raise RoundRejected(
+                f"round {rnd}: every reply was rejected, so the round changes nothing and the run stops ({reasons})."
+            )
 
 
-def accept(method: Method, server: Any, phase: str, rnd: int, cid: int, reply: Any, *, asked: set[int],
-           verdicts: Verdicts) -> bool:
+def accept(
+    method: Method, server: Any, phase: str, rnd: int, cid: int, reply: Any, *, asked: set[int], verdicts: Verdicts
+) -> bool:
     """Whether the server takes ``reply`` of ``cid``: a client that was asked, a :class:`Message`, and the
     method's ``validate_reply``. Every failure while checking it, of any kind, rejects that reply alone (logged,
     recorded in ``verdicts``); the server state is what it was (docs/privacy.md, "What the server accepts")."""
@@ -196,7 +200,7 @@ def accept(method: Method, server: Any, phase: str, rnd: int, cid: int, reply: A
     except Abstained:
         verdicts.abstained.append(cid)
         return False
-    except Exception as err:  # noqa: BLE001 - a hostile reply must not crash the server, whatever it triggers
+    except Exception as err:
         reason = str(err) if isinstance(err, InvalidMessage) else f"{type(err).__name__} while checking it"
         log.warning("round %d: rejected %s reply from client %s: %s", rnd, phase, cid, reason)
         verdicts.rejected[cid] = reason
@@ -294,8 +298,9 @@ def start(method: Method, clients: Mapping[int, ClientData], transport: Transpor
     return state
 
 
-def _fit_round(method: Method, state: LoopState, transport: Transport, rnd: int, selected: np.ndarray
-               ) -> dict[str, Any]:
+def _fit_round(
+    method: Method, state: LoopState, transport: Transport, rnd: int, selected: np.ndarray
+) -> dict[str, Any]:
     """One round: each reply is checked and folded in as it arrives (a streaming method's transport yields it
     before the next client runs), then the new server state is made from the accepted replies."""
     t0 = time.perf_counter()
@@ -312,8 +317,13 @@ def _fit_round(method: Method, state: LoopState, transport: Transport, rnd: int,
         del reply
     del msgs
     verdicts.check(rnd, accepted)
-    record: dict[str, Any] = {"round": rnd, "clients": order, "lost": sorted(set(order) - came),
-                              "rejected": len(verdicts.rejected), "uplink_bytes": uplink}
+    record: dict[str, Any] = {
+        "round": rnd,
+        "clients": order,
+        "lost": sorted(set(order) - came),
+        "rejected": len(verdicts.rejected),
+        "uplink_bytes": uplink,
+    }
     if verdicts.abstained:
         record["abstained"] = len(verdicts.abstained)
     if accepted:

@@ -27,8 +27,15 @@ def digits_clients():
 
 
 def _fedavg(ds, seed=3):
-    return FedAvg(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=seed),
-                  lr=0.1, local_epochs=1, batch_size=16, seed=seed, device=torch.device("cpu"), rounds=6)
+    return FedAvg(
+        model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=seed),
+        lr=0.1,
+        local_epochs=1,
+        batch_size=16,
+        seed=seed,
+        device=torch.device("cpu"),
+        rounds=6,
+    )
 
 
 def _schedule(part, rounds=6, per_round=3, seed=3):
@@ -49,8 +56,9 @@ def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(digits_clients,
     assert first.state.round == 3 and ckpt.exists()
     resumed = run_federated(_fedavg(ds), clients, schedule, eval_every=2, checkpoint=ckpt, progress=False)
     assert resumed.state.round == 6
-    assert all(torch.equal(resumed.state.server.params[n], full.state.server.params[n])
-               for n in full.state.server.params)
+    assert all(
+        torch.equal(resumed.state.server.params[n], full.state.server.params[n]) for n in full.state.server.params
+    )
     assert _strip(resumed.history) == _strip(full.history)
     assert resumed.evaluation == full.evaluation
 
@@ -91,9 +99,17 @@ class _Hostile(FedAvg):
 
 
 def _hostile(ds, clients, **kw):
-    return _Hostile(model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3), lr=0.1,
-                    local_epochs=1, batch_size=16, seed=3, device=torch.device("cpu"), rounds=6,
-                    train_sizes={c: len(d.train[1]) for c, d in clients.items()}, **kw)
+    return _Hostile(
+        model_fn=lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3),
+        lr=0.1,
+        local_epochs=1,
+        batch_size=16,
+        seed=3,
+        device=torch.device("cpu"),
+        rounds=6,
+        train_sizes={c: len(d.train[1]) for c, d in clients.items()},
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("kind", ["nan", "shape", "missing", "weight", "type", "dtype", "huge", "examples"])
@@ -106,8 +122,9 @@ def test_malformed_reply_is_rejected_and_the_rest_aggregated(digits_clients, kin
     honest = run_federated(_fedavg(ds), clients, schedule[:, 1:], progress=False)
     hostile = run_federated(_hostile(ds, clients, bad=bad, kind=kind), clients, schedule, progress=False)
     assert hostile.history[0]["rejected"] == 1
-    assert all(torch.equal(hostile.state.server.params[n], honest.state.server.params[n])
-               for n in honest.state.server.params)
+    assert all(
+        torch.equal(hostile.state.server.params[n], honest.state.server.params[n]) for n in honest.state.server.params
+    )
 
 
 def test_a_round_whose_every_reply_is_rejected_stops_the_run_with_the_reason(digits_clients):
@@ -126,8 +143,16 @@ def test_a_client_weight_is_capped_by_what_the_server_knows_and_updates_can_be_b
     schedule = _schedule(part, rounds=1)
     model_fn = lambda: build_model("mlp", input_shape=ds.input_shape, num_classes=10, seed=3)
     sizes = {c: len(d.train[1]) for c, d in clients.items()}
-    kw = {"model_fn": model_fn, "lr": 0.1, "local_epochs": 1, "batch_size": 16, "seed": 3,
-          "device": torch.device("cpu"), "rounds": 6, "train_sizes": sizes}
+    kw = {
+        "model_fn": model_fn,
+        "lr": 0.1,
+        "local_epochs": 1,
+        "batch_size": 16,
+        "seed": 3,
+        "device": torch.device("cpu"),
+        "rounds": 6,
+        "train_sizes": sizes,
+    }
     plain = FedAvg(**kw)
     server = plain.init_server()
     cid = int(schedule[0, 0])
@@ -161,8 +186,11 @@ def test_validation_helpers_name_the_problem():
 
 def test_summary_averages_within_a_client_first():
     clients = {0: ClientData(0, True), 1: ClientData(1, True), 2: ClientData(2, False)}
-    evaluation = {0: {"accuracy": 1.0, "num_examples": 1000.0}, 1: {"accuracy": 0.0, "num_examples": 10.0},
-                  2: {"accuracy": 0.25, "num_examples": 5.0}}
+    evaluation = {
+        0: {"accuracy": 1.0, "num_examples": 1000.0},
+        1: {"accuracy": 0.0, "num_examples": 10.0},
+        2: {"accuracy": 0.25, "num_examples": 5.0},
+    }
     s = summarize(evaluation, clients)
     assert s["seen/accuracy"] == pytest.approx(0.5)  # not the record-weighted 0.990
     assert s["future/accuracy"] == pytest.approx(0.25)
@@ -180,10 +208,9 @@ def test_schedule_is_fixed_by_the_seed_and_uniform():
 
 
 def test_unknown_client_in_schedule_is_an_error(digits_clients):
-    ds, part, clients = digits_clients
+    ds, _part, clients = digits_clients
     with pytest.raises(ValueError, match="without data"):
         run_federated(_fedavg(ds), clients, np.array([[0, 999]]), progress=False)
-
 
 
 def test_a_streaming_round_equals_a_collected_round(digits_clients):

@@ -85,8 +85,9 @@ class Method(ABC, Generic[S, C]):
     def client_fit(self, msg: Message, state: C | None, data: ClientData) -> tuple[Message, C | None]:
         """Local work of one round: the reply and the client's new persistent state."""
 
-    def client_fit_many(self, msgs: dict[int, Message], states: dict[int, C | None],
-                        data: dict[int, ClientData]) -> dict[int, tuple[Message, C | None]]:
+    def client_fit_many(
+        self, msgs: dict[int, Message], states: dict[int, C | None], data: dict[int, ClientData]
+    ) -> dict[int, tuple[Message, C | None]]:
         """The fit phase of several clients of one round; each client's result must equal its own
         :meth:`client_fit` (methods may execute them together, e.g. vectorized; the default runs one by one)."""
         return {cid: self.client_fit(msgs[cid], states.get(cid), data[cid]) for cid in sorted(msgs)}

@@ -23,9 +23,11 @@ class TrainingDiverged(ValueError):
     """Training produced a non-finite loss or metric, or a finite loss past :data:`LOSS_LIMIT`: the run stops
     instead of reporting garbage (:func:`check_diverged`)."""
 
-    HINT = ("the run diverged and is stopped (no results are written). Usual causes: a learning rate too large "
-            "for the model (method.lr), or in a private run noise far above the signal (a very small "
-            "method.privacy.epsilon, hence a huge sigma).")
+    HINT = (
+        "the run diverged and is stopped (no results are written). Usual causes: a learning rate too large "
+        "for the model (method.lr), or in a private run noise far above the signal (a very small "
+        "method.privacy.epsilon, hence a huge sigma)."
+    )
 
     def __init__(self, what: str) -> None:
         super().__init__(f"{what}: {self.HINT}")
@@ -98,8 +100,9 @@ class Message:
             n += len(v) if isinstance(v, (bytes, str)) else 8
         return n
 
-    def array(self, name: str, *, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None,
-              finite: bool = True) -> torch.Tensor:
+    def array(
+        self, name: str, *, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None, finite: bool = True
+    ) -> torch.Tensor:
         """The array ``name``, checked: present, a tensor of ``shape`` and exactly ``dtype``, finite and below
         :data:`MAX_MAGNITUDE` if floating. Raises InvalidMessage."""
         if name not in self.arrays:
@@ -118,8 +121,9 @@ class Message:
                 raise InvalidMessage(f"array {name!r} holds values beyond {MAX_MAGNITUDE:.3g} in magnitude.")
         return t
 
-    def only(self, *, arrays: set[str] | frozenset[str] = frozenset(),
-             config: set[str] | frozenset[str] = frozenset()) -> None:
+    def only(
+        self, *, arrays: set[str] | frozenset[str] = frozenset(), config: set[str] | frozenset[str] = frozenset()
+    ) -> None:
         """Refuse any array or config key outside the given sets (a reply carries what was asked, nothing
         else). Raises InvalidMessage."""
         extra = sorted(set(self.arrays) - set(arrays)) + sorted(set(self.config) - set(config))

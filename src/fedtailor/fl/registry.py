@@ -85,8 +85,15 @@ _loaded = False
 _lock = threading.RLock()
 
 
-def register_method(name: str, *, config: type[BaseModel], build: Callable[[Any], Method], family: str,
-                    data: str = "images", fedlag: bool = False) -> MethodSpec:
+def register_method(
+    name: str,
+    *,
+    config: type[BaseModel],
+    build: Callable[[Any], Method],
+    family: str,
+    data: str = "images",
+    fedlag: bool = False,
+) -> MethodSpec:
     """Register the method ``name``; a second registration of a name is refused unless it is the same spec
     (a module imported twice)."""
     spec = MethodSpec(name=name, config=config, build=build, data=data, family=family, fedlag=fedlag)
@@ -96,7 +103,9 @@ def register_method(name: str, *, config: type[BaseModel], build: Callable[[Any]
     with _lock:
         old = _METHODS.get(name)
         if old is not None and (old.config.__qualname__, old.config.__module__) != (
-                config.__qualname__, config.__module__):
+            config.__qualname__,
+            config.__module__,
+        ):
             raise ValueError(f"method {name!r} is registered already (by {old.config.__module__}).")
         _METHODS[name] = spec
     return spec

@@ -34,17 +34,26 @@ class Toy(LocalTraining):
         super().__init__(**kw)
         self.shrink = shrink
 
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         theta, loss = self.sgd(theta, data, rnd)
         return {n: self.shrink * t for n, t in theta.items()}, extra, loss
 
 
 def build_toy(setup: Any) -> Toy:
     m = setup.cfg.method
-    return Toy(shrink=m.shrink, model_fn=setup.model_fn(m.model), lr=m.lr, local_epochs=m.local_epochs,
-               batch_size=m.batch_size, seed=setup.cfg.seed, device=setup.device, rounds=setup.cfg.federation.rounds,
-               train_sizes=train_sizes(setup.clients))
+    return Toy(
+        shrink=m.shrink,
+        model_fn=setup.model_fn(m.model),
+        lr=m.lr,
+        local_epochs=m.local_epochs,
+        batch_size=m.batch_size,
+        seed=setup.cfg.seed,
+        device=setup.device,
+        rounds=setup.cfg.federation.rounds,
+        train_sizes=train_sizes(setup.clients),
+    )
 
 
 @pytest.fixture()
@@ -54,9 +63,18 @@ def toy():
     registry.unregister_method("toy")
 
 
-SETS = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
-        "data.eval_fraction=0.25", "federation.rounds=2", "federation.clients_per_round=3", 'method.model="mlp"',
-        'method.name="toy"', "method.shrink=0.5"]
+SETS = [
+    'data.dataset="digits"',
+    "data.num_clients=4",
+    "data.num_unseen=0",
+    "data.context_size=0",
+    "data.eval_fraction=0.25",
+    "federation.rounds=2",
+    "federation.clients_per_round=3",
+    'method.model="mlp"',
+    'method.name="toy"',
+    "method.shrink=0.5",
+]
 
 
 def test_the_toy_validates_with_the_errors_every_method_has(toy):
@@ -77,8 +95,20 @@ def test_the_toy_runs_with_fedtailor_run_and_is_reported(toy, tmp_path, capsys):
 
     out, path = tmp_path / "run", tmp_path / "toy.toml"
     path.write_text('name = "toy"\n[method]\nname = "toy"\n')
-    assert main(["run", str(path), "--out", str(out), "--no-progress", "--no-plots",
-                 *[a for s in SETS for a in ("--set", s)]]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(path),
+                "--out",
+                str(out),
+                "--no-progress",
+                "--no-plots",
+                *[a for s in SETS for a in ("--set", s)],
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["rounds_completed"] == 2 and json.loads((out / "config.json").read_text())["method"]["shrink"] == 0.5
     capsys.readouterr()
@@ -133,7 +163,8 @@ def test_the_config_module_stays_light_and_lm_and_flower_have_no_back_arrows():
     def imports(path: Path) -> set[str]:
         tree = ast.parse(path.read_text())
         return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
-            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
 
     lm = set().union(*(imports(p) for p in (src / "lm").glob("*.py") if not p.name.endswith("_test.py")))
     assert not {m for m in lm if m.startswith("fedtailor.methods")}, lm

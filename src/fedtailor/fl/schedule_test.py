@@ -12,17 +12,31 @@ from fedtailor.fl.schedule import _floyd_rounds, participation_counts, schedule_
 from fedtailor.rng import numpy_rng
 
 
-@pytest.mark.parametrize(("clients", "per_round", "rounds", "seed"), [
-    (40, 2, 500, 41), (40, 2, 3001, 7), (5, 5, 200, 1), (1, 1, 10, 3), (10, 3, 999, 2), (100, 7, 777, 5),
-    (2, 1, 50, 9), (10_000, 2, 300, 4), (10_000, 10, 100, 3), (7, 6, 400, 8), (20_000, 500, 20, 1), (40, 2, 0, 1),
-])
+@pytest.mark.parametrize(
+    ("clients", "per_round", "rounds", "seed"),
+    [
+        (40, 2, 500, 41),
+        (40, 2, 3001, 7),
+        (5, 5, 200, 1),
+        (1, 1, 10, 3),
+        (10, 3, 999, 2),
+        (100, 7, 777, 5),
+        (2, 1, 50, 9),
+        (10_000, 2, 300, 4),
+        (10_000, 10, 100, 3),
+        (7, 6, 400, 8),
+        (20_000, 500, 20, 1),
+        (40, 2, 0, 1),
+    ],
+)
 def test_schedule_counts_are_the_counts_of_the_sampled_schedule(clients, per_round, rounds, seed, monkeypatch):
     """Every branch of numpy's choice (Floyd's algorithm, k = n, the tail shuffle of a large population) and
     chunks cut anywhere (tiny chunks here)."""
     from fedtailor.fl import schedule
 
-    want = participation_counts(uniform_schedule(num_clients=clients, rounds=rounds, per_round=per_round,
-                                                 seed=seed), clients)
+    want = participation_counts(
+        uniform_schedule(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed), clients
+    )
     monkeypatch.setattr(schedule, "_DRAWS_PER_CHUNK", 97)
     got = schedule_counts(num_clients=clients, rounds=rounds, per_round=per_round, seed=seed)
     assert got.dtype == np.int64 and np.array_equal(got, want)

@@ -31,5 +31,7 @@ class Setup(Protocol):
 def train_sizes(clients: Mapping[int, ClientData]) -> dict[int, int]:
     """Each client's number of training records: what the server knows of the partition (it caps a client's
     aggregation weight, so a reply claiming 1e15 examples cannot take over the model)."""
-    return {cid: len(d.train[1]) if isinstance(d.train, tuple) else len(next(iter(d.train.values())))
-            for cid, d in clients.items()}
+    return {
+        cid: len(d.train[1]) if isinstance(d.train, tuple) else len(next(iter(d.train.values())))
+        for cid, d in clients.items()
+    }

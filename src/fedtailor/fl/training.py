@@ -13,8 +13,16 @@ Params = dict[str, torch.Tensor]
 LossFn = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _sgd_update(theta: Params, names: list[str], grads: dict[str, torch.Tensor], velocity: Params, *, lr: float,
-                momentum: float, rows: slice | torch.Tensor | None = None) -> None:
+def _sgd_update(
+    theta: Params,
+    names: list[str],
+    grads: dict[str, torch.Tensor],
+    velocity: Params,
+    *,
+    lr: float,
+    momentum: float,
+    rows: slice | torch.Tensor | None = None,
+) -> None:
     """theta[n] -= lr * step in place, step = grad or the heavy-ball velocity (rows: the clients that stepped)."""
     for n in names:
         g = grads[n]
@@ -126,8 +134,9 @@ def batched_sgd(
 
     step_fn = vmap(grad_and_value(step))
     for _ in range(epochs):
-        orders = [torch.randperm(sizes[c], generator=generators[c], device=generators[c].device).to(device)
-                  for c in perm]
+        orders = [
+            torch.randperm(sizes[c], generator=generators[c], device=generators[c].device).to(device) for c in perm
+        ]
         width = max(full_s) * batch_size
         index = torch.zeros(count_c, max(width, 1), dtype=torch.long, device=device)
         for j, o in enumerate(orders):
@@ -155,13 +164,14 @@ def batched_sgd(
                 if project is not None:
                     theta.update(project(theta))
             totals[rows] += loss.detach().double() * r
-    means = (totals / (epochs * torch.tensor([sizes[c] for c in perm], dtype=torch.float64, device=device)))
+    means = totals / (epochs * torch.tensor([sizes[c] for c in perm], dtype=torch.float64, device=device))
     return {n: t[inv.to(t.device)] for n, t in theta.items()}, means[inv.to(device)].tolist()
 
 
 @torch.no_grad()
-def accuracy_and_loss_of(predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, *,
-                         batch_size: int = 1024) -> tuple[float, float]:
+def accuracy_and_loss_of(
+    predict: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024
+) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of the logits ``predict(x)`` on (x, y), in batches."""
     if len(x) == 0:
         raise ValueError("cannot evaluate on zero records.")

@@ -72,8 +72,10 @@ def refuse_unsafe(method: Any, allowed: str) -> None:
     risks = {k: v for k, v in method.deployment_risks().items() if k not in names}
     if risks:
         why = "; ".join(f"{k}: {v}" for k, v in risks.items())
-        raise RuntimeError(f"refused to deploy: {why}. Change the config, or accept it explicitly with the run "
-                           f"config key {ALLOW_KEY}='{','.join(risks)}'.")
+        raise RuntimeError(
+            f"refused to deploy: {why}. Change the config, or accept it explicitly with the run "
+            f"config key {ALLOW_KEY}='{','.join(risks)}'."
+        )
 
 
 @server_app.main()
@@ -84,9 +86,13 @@ def server_main(grid: Grid, context: Context) -> None:
     dead: set[int] = set()  # nodes that failed once are not asked again in this run (their clients are "lost")
 
     def exchange(kind: str, msgs: dict[int, Any]) -> dict[int, Any]:
-        out = {cid: FlowerMessage(content=_with_cid(to_records(m), cid, kind), dst_node_id=binding.node_of[cid],
-                                  message_type=kind)
-               for cid, m in msgs.items() if binding.node_of[cid] not in dead}
+        out = {
+            cid: FlowerMessage(
+                content=_with_cid(to_records(m), cid, kind), dst_node_id=binding.node_of[cid], message_type=kind
+            )
+            for cid, m in msgs.items()
+            if binding.node_of[cid] not in dead
+        }
         views, answered = [], set()
         for reply in grid.send_and_receive(list(out.values())):
             if reply.has_error():  # e.g. NODE_UNAVAILABLE once a killed node misses its heartbeats
@@ -109,9 +115,16 @@ def server_main(grid: Grid, context: Context) -> None:
 
     run_dir = Path(out)
     resume = (run_dir / "checkpoint.pt").exists()  # a ServerApp restarted on its run directory resumes
-    run_experiment(setup.cfg, run_dir, resume=resume, progress=False, stop_after=stop_after, built=(setup, method),
-                   transport=Remote(exchange), on_round=lambda r: flwr_log(INFO, "round %s: %s", r["round"],
-                                                                          _shown(r)))
+    run_experiment(
+        setup.cfg,
+        run_dir,
+        resume=resume,
+        progress=False,
+        stop_after=stop_after,
+        built=(setup, method),
+        transport=Remote(exchange),
+        on_round=lambda r: flwr_log(INFO, "round %s: %s", r["round"], _shown(r)),
+    )
     with open_private(run_dir / "server_state.pt") as f:  # the final server state; it holds the key ring
         torch.save(load_checkpoint(run_dir / "checkpoint.pt", setup.schedule).server, f)
     flwr_log(INFO, "%s", report(run_dir, plots=True))
@@ -119,8 +132,11 @@ def server_main(grid: Grid, context: Context) -> None:
 
 def _shown(record: dict[str, Any]) -> str:
     """A round's record as one log line: its numbers, and the clients lost if any."""
-    parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()
-             if k not in ("round", "clients") and not isinstance(v, list)]
+    parts = [
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in record.items()
+        if k not in ("round", "clients") and not isinstance(v, list)
+    ]
     return ", ".join(parts + ([f"lost {record['lost']}"] if record.get("lost") else []))
 
 
@@ -153,15 +169,19 @@ def _view(kind: str, reply: FlowerMessage) -> ReplyView:
     claimed = None
     try:
         claimed = reply.content["meta"]["cid"] if "meta" in reply.content else None
-    except Exception:  # noqa: BLE001 - a malformed meta record from the network
+    except Exception:
         claimed = "unreadable"
     try:
         content: Any = from_records(reply.content) if kind != "evaluate" else dict(reply.content["config"])
-    except Exception as err:  # noqa: BLE001 - InvalidMessage or a missing record: the reply is refused
+    except Exception as err:
         log.warning("%s: unreadable reply from node %s: %s", kind, reply.metadata.src_node_id, err)
         content = None
-    return ReplyView(reply_to=reply.metadata.reply_to_message_id, src_node=reply.metadata.src_node_id,
-                     claimed_cid=claimed, content=content)
+    return ReplyView(
+        reply_to=reply.metadata.reply_to_message_id,
+        src_node=reply.metadata.src_node_id,
+        claimed_cid=claimed,
+        content=content,
+    )
 
 
 def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, Any]], dict[int, dict[str, float]]]:
@@ -209,14 +229,20 @@ def _bind_nodes(grid: Grid, clients: int) -> NodeBinding:
         if len(ids) >= clients or time.time() > deadline:
             break
         time.sleep(1)
-    asks = [FlowerMessage(content=RecordDict({"meta": ConfigRecord({"kind": "query.partition"})}), dst_node_id=n,
-                          message_type="query.partition") for n in ids]
+    asks = [
+        FlowerMessage(
+            content=RecordDict({"meta": ConfigRecord({"kind": "query.partition"})}),
+            dst_node_id=n,
+            message_type="query.partition",
+        )
+        for n in ids
+    ]
     claims = []
     for reply in grid.send_and_receive(asks):
         if not reply.has_error():
             try:
                 claims.append((reply.metadata.src_node_id, reply.content["meta"]["partition"]))
-            except Exception:  # noqa: BLE001 - a malformed answer: that node gets no work
+            except Exception:
                 log.warning("node %s gave no readable partition id", reply.metadata.src_node_id)
     return NodeBinding.from_claims(claims, clients)
 
@@ -278,15 +304,19 @@ def _on_node(kind: str, msg: FlowerMessage, context: Context) -> FlowerMessage:
     try:
         setup, method, cid = _client(context)
         refuse_unsafe(method, str(context.node_config.get(ALLOW_KEY, "")))  # the node's own operator decides
-        out, state = handle(kind, from_records(msg.content), _load_state(context, method, cid), method,
-                            setup.clients[cid])
+        out, state = handle(
+            kind, from_records(msg.content), _load_state(context, method, cid), method, setup.clients[cid]
+        )
     except Exception:
         log.exception("client failed on a %s message", kind)
-        raise ClientFailed(f"the client could not answer this {kind} message; the reason is in the node's log") from None
+        raise ClientFailed(
+            f"the client could not answer this {kind} message; the reason is in the node's log"
+        ) from None
     _save_state(context, state)
     if kind == "evaluate":
-        content = RecordDict({"config": ConfigRecord({k: float(v) for k, v in out.items()}),
-                              "meta": ConfigRecord({"cid": cid})})
+        content = RecordDict(
+            {"config": ConfigRecord({k: float(v) for k, v in out.items()}), "meta": ConfigRecord({"cid": cid})}
+        )
         return FlowerMessage(content=content, reply_to=msg)
     return _reply(msg, out, cid)
 

@@ -36,8 +36,16 @@ def test_the_quick_start_config_is_refused_in_a_deployment():
     assert cfg.method.privacy.randomness == "simulation"
     from fedtailor.experiment import build_method, build_setup
 
-    small = ['data.dataset="mnist-5k"', "data.num_clients=4", "data.num_unseen=1", "data.context_size=60",
-             "federation.rounds=1", "method.coef_dim=256", "method.hidden_dim=8", "method.privacy.batch_size=60"]
+    small = [
+        'data.dataset="mnist-5k"',
+        "data.num_clients=4",
+        "data.num_unseen=1",
+        "data.context_size=60",
+        "federation.rounds=1",
+        "method.coef_dim=256",
+        "method.hidden_dim=8",
+        "method.privacy.batch_size=60",
+    ]
     method = build_method(build_setup(load_config(default_config(), small)))
     with pytest.raises(RuntimeError, match="simulation-randomness"):
         apps.refuse_unsafe(method, "")
@@ -87,8 +95,9 @@ def test_a_node_pinned_to_a_config_refuses_any_other(monkeypatch):
     assert config_digest(approved) != config_digest(other)
     assert config_digest(approved) == config_digest(load_config(None, ["method.privacy.epsilon=4.0"]))
     monkeypatch.setattr(apps, "_build", lambda *a: (SimpleNamespace(cfg=other, clients={0: None}), _Risky()))
-    context = SimpleNamespace(node_config={"partition-id": 0, "config-sha256": config_digest(approved)},
-                              run_config={}, state={})
+    context = SimpleNamespace(
+        node_config={"partition-id": 0, "config-sha256": config_digest(approved)}, run_config={}, state={}
+    )
     with pytest.raises(apps.RequestRefused, match="not the pinned"):
         apps._client(context)
     context.node_config["config-sha256"] = config_digest(other)

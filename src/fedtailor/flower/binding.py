@@ -48,19 +48,27 @@ class NodeBinding:
         node_of: dict[int, int] = {}
         for node, part in claims:
             if isinstance(part, bool) or not isinstance(part, int) or not 0 <= part < clients:
-                log.warning("node %s claims partition %r, which is not a client of this run (0..%d): ignored",
-                            node, part, clients - 1)
+                log.warning(
+                    "node %s claims partition %r, which is not a client of this run (0..%d): ignored",
+                    node,
+                    part,
+                    clients - 1,
+                )
                 continue
             if part in node_of and node_of[part] != node:
-                raise BindingError(f"nodes {node_of[part]} and {node} both claim partition {part}; give each "
-                                   "SuperNode its own --node-config 'partition-id=<client>'.")
+                raise BindingError(
+                    f"nodes {node_of[part]} and {node} both claim partition {part}; give each "
+                    "SuperNode its own --node-config 'partition-id=<client>'."
+                )
             node_of[part] = node
         if len(set(node_of.values())) != len(node_of):
             raise BindingError("one node claims several partitions; start one SuperNode per client.")
         missing = sorted(set(range(clients)) - set(node_of))
         if missing:
-            raise BindingError(f"no node serves clients {missing}: start one SuperNode per client with "
-                               "--node-config 'partition-id=<client>'.")
+            raise BindingError(
+                f"no node serves clients {missing}: start one SuperNode per client with "
+                "--node-config 'partition-id=<client>'."
+            )
         return cls(node_of=dict(node_of))
 
     def match(self, sent: Mapping[str, int], replies: Iterable[ReplyView]) -> tuple[dict[int, Any], list[str]]:
@@ -73,8 +81,10 @@ class NodeBinding:
             if cid is None:
                 refused.append(f"node {r.src_node} sent a reply to no message of this exchange")
             elif r.src_node != self.node_of.get(cid):
-                refused.append(f"node {r.src_node} answered the message for client {cid}, which node "
-                               f"{self.node_of.get(cid)} serves")
+                refused.append(
+                    f"node {r.src_node} answered the message for client {cid}, which node "
+                    f"{self.node_of.get(cid)} serves"
+                )
             elif r.claimed_cid is not None and (isinstance(r.claimed_cid, bool) or r.claimed_cid != cid):
                 refused.append(f"node {r.src_node} serves client {cid} but its reply claims client {r.claimed_cid!r}")
             elif cid in accepted:

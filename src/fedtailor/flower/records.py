@@ -29,7 +29,7 @@ def from_records(records: RecordDict) -> Message:
     try:
         arrays = records["arrays"].to_torch_state_dict() if "arrays" in records else {}
         config = dict(records["config"]) if "config" in records else {}
-    except Exception as err:  # noqa: BLE001 - a malformed record from the network
+    except Exception as err:
         raise InvalidMessage(f"unreadable Flower records: {type(err).__name__}: {err}") from None
     return Message(arrays=dict(arrays), config=config)
 
@@ -53,4 +53,5 @@ def state_from_bytes(blob: bytes) -> Any:
         raise UnsafeClientState(
             f"the client state in this node's context.state ({STATE_KEY!r}) refers to {err.name!r}, which no "
             "fedtailor client state holds; it was not written by fedtailor (or was altered) and is not "
-            "loaded. Restart the SuperNode with a fresh state.") from None
+            "loaded. Restart the SuperNode with a fresh state."
+        ) from None

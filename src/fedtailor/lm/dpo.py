@@ -23,8 +23,10 @@ def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, response_ma
     """``sum_t m_t log p(token_t | tokens_<t)`` per sequence: logits (B, T, V) of ``input_ids`` (B, T), mask (B, T)
     with 1 on response tokens. Token ``t`` is scored by the logits at position ``t - 1``."""
     if logits.shape[:2] != input_ids.shape or response_mask.shape != input_ids.shape:
-        raise ValueError(f"shapes differ: logits {tuple(logits.shape)}, ids {tuple(input_ids.shape)}, "
-                         f"mask {tuple(response_mask.shape)}.")
+        raise ValueError(
+            f"shapes differ: logits {tuple(logits.shape)}, ids {tuple(input_ids.shape)}, "
+            f"mask {tuple(response_mask.shape)}."
+        )
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     token_logp = logp.gather(2, input_ids[:, 1:, None]).squeeze(2)
     return (token_logp * response_mask[:, 1:].to(token_logp.dtype)).sum(1)
@@ -41,8 +43,14 @@ class DPOOutput:
         return float((self.chosen_rewards > self.rejected_rewards).float().mean())
 
 
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, *, beta: float) -> DPOOutput:
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    *,
+    beta: float,
+) -> DPOOutput:
     """The DPO loss and implicit rewards from sequence log-probabilities (each (B,))."""
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}.")

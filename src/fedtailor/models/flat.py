@@ -16,7 +16,7 @@ class FlatLayout:
     shapes: tuple[torch.Size, ...]
 
     @classmethod
-    def of(cls, model: nn.Module) -> "FlatLayout":
+    def of(cls, model: nn.Module) -> FlatLayout:
         named = list(model.named_parameters())
         return cls(tuple(n for n, _ in named), tuple(p.shape for _, p in named))
 

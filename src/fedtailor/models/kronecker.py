@@ -44,7 +44,9 @@ def check_operand(t: torch.Tensor, *, size: int, name: str, op: str, dtype: torc
             f"or build the subspace with .to(device, dtype={t.dtype})."
         )
     if t.device != device:
-        raise ValueError(f"{op}: {name} is on {t.device} but the subspace is on {device}; use subspace.to({t.device!s}).")
+        raise ValueError(
+            f"{op}: {name} is on {t.device} but the subspace is on {device}; use subspace.to({t.device!s})."
+        )
 
 
 def _divisors(n: int) -> list[int]:
@@ -122,7 +124,9 @@ class KroneckerSubspace:
         self.B = torch.from_numpy(b).to(device=self.device, dtype=dtype)
         self.sign = torch.from_numpy(signs.astype(np.float64)).to(device=self.device, dtype=dtype)
         # contract the grid's long axis with the factor that shrinks the batch most first
-        self._b_first = self.cover * self.k2 + self.d1 * self.k2 * self.k1 <= self.cover * self.k1 + self.k1 * self.d2 * self.k2
+        self._b_first = (
+            self.cover * self.k2 + self.d1 * self.k2 * self.k1 <= self.cover * self.k1 + self.k1 * self.d2 * self.k2
+        )
 
     def __repr__(self) -> str:
         return (
@@ -149,7 +153,7 @@ class KroneckerSubspace:
         self._check(g, self.dim, "g", "project")
         lead = g.shape[:-1]
         grid = (g.reshape(-1, self.dim)[:, : self.cover] * self.sign).reshape(-1, self.d1, self.d2)
-        if self._b_first:
+        if self._b_first:  # noqa: SIM108 (a comment per order)
             out = self.A.T @ (grid @ self.B)  # (n, d1, k2) then (n, k1, k2)
         else:
             out = (self.A.T @ grid) @ self.B  # (n, k1, d2) then (n, k1, k2)
@@ -157,8 +161,9 @@ class KroneckerSubspace:
 
     def to(self, device: str | torch.device, *, dtype: torch.dtype | None = None) -> KroneckerSubspace:
         """The same P on ``device`` (and in ``dtype`` if given); the randomness is redrawn from the same key."""
-        return KroneckerSubspace(dim=self.dim, rank=self.rank, seed=self.seed, device=device,
-                                 dtype=self.dtype if dtype is None else dtype)
+        return KroneckerSubspace(
+            dim=self.dim, rank=self.rank, seed=self.seed, device=device, dtype=self.dtype if dtype is None else dtype
+        )
 
     def dense(self) -> torch.Tensor:
         """The dense ``(dim, rank)`` matrix P, for tests on small sizes only."""

@@ -83,20 +83,29 @@ def model_layers(model: nn.Module) -> list[Layer]:
                 "'blocked-dct' for this model."
             )
         if isinstance(mod, nn.Conv2d) and mod.groups != 1:
-            raise ValueError(f"layer {mname!r} is a grouped convolution (groups={mod.groups}); 'layer-kronecker' "
-                             "supports groups=1 only. Use 'kronecker' or 'blocked-dct'.")
+            raise ValueError(
+                f"layer {mname!r} is a grouped convolution (groups={mod.groups}); 'layer-kronecker' "
+                "supports groups=1 only. Use 'kronecker' or 'blocked-dct'."
+            )
         if isinstance(mod, nn.Conv2d) and (isinstance(mod.padding, str) or mod.padding_mode != "zeros"):
-            raise ValueError(f"layer {mname!r} uses padding={mod.padding!r}, padding_mode={mod.padding_mode!r}; "
-                             "'layer-kronecker' supports integer zero padding only. Use 'kronecker' or 'blocked-dct'.")
+            raise ValueError(
+                f"layer {mname!r} uses padding={mod.padding!r}, padding_mode={mod.padding_mode!r}; "
+                "'layer-kronecker' supports integer zero padding only. Use 'kronecker' or 'blocked-dct'."
+            )
         if mname in seen:
             continue
         seen.add(mname)
         w = mod.weight
-        layers.append(Layer(
-            module=mname, out=int(w.shape[0]), fan_in=int(w[0].numel()), bias=mod.bias is not None,
-            weight_offset=offsets[f"{mname}.weight" if mname else "weight"],
-            bias_offset=offsets[f"{mname}.bias" if mname else "bias"] if mod.bias is not None else None,
-        ))
+        layers.append(
+            Layer(
+                module=mname,
+                out=int(w.shape[0]),
+                fan_in=int(w[0].numel()),
+                bias=mod.bias is not None,
+                weight_offset=offsets[f"{mname}.weight" if mname else "weight"],
+                bias_offset=offsets[f"{mname}.bias" if mname else "bias"] if mod.bias is not None else None,
+            )
+        )
     if not layers:
         raise ValueError("the model has no Linear or Conv2d layers.")
     return layers
@@ -110,8 +119,10 @@ def _pairs(rows: int, cols: int, target: int) -> list[tuple[int, int]]:
     for k1 in range(1, rows + 1):
         for k2 in {max(1, min(cols, target // k1)), max(1, min(cols, -(-target // k1)))}:
             cands.add((k1, k2))
+
     def score(p: tuple[int, int]) -> tuple[int, float]:
         return abs(p[0] * p[1] - target), abs(math.log(p[0] / rows / share)) + abs(math.log(p[1] / cols / share))
+
     return sorted(cands, key=score)
 
 
@@ -125,8 +136,10 @@ def layer_ranks(shapes: list[tuple[int, int]], rank: int) -> list[tuple[int, int
     if not 1 <= rank <= d:
         raise ValueError(f"need 1 <= rank <= d = {d}, got rank={rank}.")
     if rank < len(shapes):
-        raise ValueError(f"rank {rank} is below the number of layers ({len(shapes)}): every layer needs at least "
-                         "one coefficient. Choose coef_dim >= the number of layers, or another subspace_transform.")
+        raise ValueError(
+            f"rank {rank} is below the number of layers ({len(shapes)}): every layer needs at least "
+            "one coefficient. Choose coef_dim >= the number of layers, or another subspace_transform."
+        )
     order = sorted(range(len(shapes)), key=lambda i: shapes[i][0] * shapes[i][1])  # largest last
     big = order[-1]
     chosen: dict[int, tuple[int, int]] = {}
@@ -153,16 +166,19 @@ def layer_ranks(shapes: list[tuple[int, int]], rank: int) -> list[tuple[int, int
             if got is not None:
                 chosen[big] = got
                 return [chosen[i] for i in range(len(shapes))]
-    raise ValueError(f"could not split rank {rank} over layers of shapes {shapes} exactly; choose a rank with "
-                     "small factors (a power of two, say) or another subspace_transform.")
+    raise ValueError(
+        f"could not split rank {rank} over layers of shapes {shapes} exactly; choose a rank with "
+        "small factors (a power of two, say) or another subspace_transform."
+    )
 
 
-def _project_positions(errs: torch.Tensor, cols: torch.Tensor, A: torch.Tensor, B: torch.Tensor, *,
-                       bias: bool) -> torch.Tensor:
+def _project_positions(
+    errs: torch.Tensor, cols: torch.Tensor, A: torch.Tensor, B: torch.Tensor, *, bias: bool
+) -> torch.Tensor:
     """``A^T (sum_p delta_p x~_p^T) B`` per record from errors ``(n, out, P)`` and inputs ``(n, fan_in, P)``, with
     ``x~_p = [x_p, 1]`` when there is a bias (its column is added as ``(A^T delta 1) B_last^T``, never building
     the augmented patches). The contraction order with fewer flops is used."""
-    n, fan_in, positions = cols.shape
+    _n, fan_in, positions = cols.shape
     k1, k2 = A.shape[1], B.shape[1]
     left = A.T @ errs  # (n, k1, P)
     if positions * fan_in * k2 + k1 * positions * k2 <= k1 * positions * fan_in + k1 * fan_in * k2:
@@ -211,7 +227,9 @@ class LayerKroneckerSubspace:
         self._model = model
 
     def __repr__(self) -> str:
-        blocks = ", ".join(f"{lay.module}:{lay.out}x{lay.cols}->{k1}x{k2}" for lay, (k1, k2) in zip(self.layers, self.shapes))
+        blocks = ", ".join(
+            f"{lay.module}:{lay.out}x{lay.cols}->{k1}x{k2}" for lay, (k1, k2) in zip(self.layers, self.shapes)
+        )
         return f"LayerKroneckerSubspace(dim={self.dim}, rank={self.rank}, seed={self.seed}, blocks=[{blocks}])"
 
     def _check(self, t: torch.Tensor, size: int, name: str, op: str) -> None:
@@ -233,7 +251,9 @@ class LayerKroneckerSubspace:
         out = rows.new_zeros(rows.shape[0], self.dim)
         for lay, (k1, k2), A, B, m in zip(self.layers, self.shapes, self.A, self.B, torch.split(rows, self.splits, 1)):
             w = A @ m.reshape(-1, k1, k2) @ B.T  # (n, out, cols)
-            out[:, lay.weight_offset : lay.weight_offset + lay.out * lay.fan_in] = w[:, :, : lay.fan_in].reshape(-1, lay.out * lay.fan_in)
+            out[:, lay.weight_offset : lay.weight_offset + lay.out * lay.fan_in] = w[:, :, : lay.fan_in].reshape(
+                -1, lay.out * lay.fan_in
+            )
             if lay.bias:
                 out[:, lay.bias_offset : lay.bias_offset + lay.out] = w[:, :, lay.fan_in]
         return out.reshape(*lead, self.dim)
@@ -243,8 +263,10 @@ class LayerKroneckerSubspace:
         self._check(g, self.dim, "g", "project")
         lead = g.shape[:-1]
         rows = g.reshape(-1, self.dim)
-        parts = [(A.T @ self._matrix(rows, lay) @ B).reshape(rows.shape[0], -1)
-                 for lay, A, B in zip(self.layers, self.A, self.B)]
+        parts = [
+            (A.T @ self._matrix(rows, lay) @ B).reshape(rows.shape[0], -1)
+            for lay, A, B in zip(self.layers, self.A, self.B)
+        ]
         return torch.cat(parts, dim=1).reshape(*lead, self.rank)
 
     def per_record_coefficients(
@@ -268,9 +290,12 @@ class LayerKroneckerSubspace:
         def hook(name: str):
             def fn(mod: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
                 if name in captured:
-                    raise ValueError(f"layer {name!r} ran twice in one forward pass (shared weights); "
-                                     "'layer-kronecker' needs each layer used once. Use 'kronecker' or 'blocked-dct'.")
+                    raise ValueError(
+                        f"layer {name!r} ran twice in one forward pass (shared weights); "
+                        "'layer-kronecker' needs each layer used once. Use 'kronecker' or 'blocked-dct'."
+                    )
                 captured[name] = (args[0].detach(), out)
+
             return fn
 
         handles = [mods[lay.module].register_forward_hook(hook(lay.module)) for lay in self.layers]
@@ -306,8 +331,13 @@ class LayerKroneckerSubspace:
 
     def to(self, device: str | torch.device, *, dtype: torch.dtype | None = None) -> LayerKroneckerSubspace:
         """The same P on ``device`` (and in ``dtype`` if given); the randomness is redrawn from the same key."""
-        return LayerKroneckerSubspace(model=self._model, rank=self.rank, seed=self.seed, device=device,
-                                      dtype=self.dtype if dtype is None else dtype)
+        return LayerKroneckerSubspace(
+            model=self._model,
+            rank=self.rank,
+            seed=self.seed,
+            device=device,
+            dtype=self.dtype if dtype is None else dtype,
+        )
 
     def dense(self) -> torch.Tensor:
         """The dense ``(d, k)`` matrix P, for tests on small sizes only."""

@@ -34,10 +34,13 @@ def _data(shape: tuple[int, ...], classes: int, n: int = 7) -> tuple[torch.Tenso
     return torch.rand(n, *shape, generator=gen, dtype=torch.float64), torch.randint(0, classes, (n,), generator=gen)
 
 
-@pytest.mark.parametrize(("model_fn", "shape", "classes", "rank"), [
-    (lambda: MLP(in_features=64, hidden=16), (1, 8, 8), 10, 96),
-    (lambda: Mixed(), (2, 8, 8), 4, 40),
-])
+@pytest.mark.parametrize(
+    ("model_fn", "shape", "classes", "rank"),
+    [
+        (lambda: MLP(in_features=64, hidden=16), (1, 8, 8), 10, 96),
+        (lambda: Mixed(), (2, 8, 8), 4, 40),
+    ],
+)
 def test_p_has_orthonormal_columns_and_project_is_its_transpose(model_fn, shape, classes, rank):
     model = model_fn().double()
     sub = LayerKroneckerSubspace(model=model, rank=rank, seed=3, dtype=torch.float64)
@@ -51,18 +54,23 @@ def test_p_has_orthonormal_columns_and_project_is_its_transpose(model_fn, shape,
     assert (p.abs().amax(1) > 0).all()
 
 
-@pytest.mark.parametrize(("model_fn", "shape", "classes", "rank"), [
-    (lambda: MLP(in_features=64, hidden=16), (1, 8, 8), 10, 96),
-    (lambda: Mixed(), (2, 8, 8), 4, 40),
-    (lambda: LeNet(), (1, 28, 28), 10, 2048),
-])
+@pytest.mark.parametrize(
+    ("model_fn", "shape", "classes", "rank"),
+    [
+        (lambda: MLP(in_features=64, hidden=16), (1, 8, 8), 10, 96),
+        (lambda: Mixed(), (2, 8, 8), 4, 40),
+        (lambda: LeNet(), (1, 28, 28), 10, 2048),
+    ],
+)
 def test_coefficient_gradients_equal_p_transpose_of_per_record_gradients(model_fn, shape, classes, rank):
     """One batched pass gives P^T g_z for each record z exactly (float64), including at generated parameters."""
     model = model_fn().double()
     sub = LayerKroneckerSubspace(model=model, rank=rank, seed=4, dtype=torch.float64)
     x, y = _data(shape, classes)
     gen = torch.Generator().manual_seed(9)
-    params = {n: p.detach() + 0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype) for n, p in model.named_parameters()}
+    params = {
+        n: p.detach() + 0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype) for n, p in model.named_parameters()
+    }
     got = sub.per_record_coefficients(model, F.cross_entropy, x, y, params=params)
     want = sub.project(per_example_gradients(model, F.cross_entropy, x, y, params=params))
     assert got.shape == (len(x), rank)

@@ -40,7 +40,9 @@ def _fedavgcnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 MODELS: dict[str, Builder] = {"lenet": _lenet, "mlp": _mlp, "dnn": _dnn, "fedavgcnn": _fedavgcnn}
 
 
-def build_model(name: str, *, input_shape: tuple[int, int, int], num_classes: int, seed: int | None = None) -> nn.Module:
+def build_model(
+    name: str, *, input_shape: tuple[int, int, int], num_classes: int, seed: int | None = None
+) -> nn.Module:
     """Build a registered model; with ``seed`` its default initialisation is drawn from that public seed."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}.")

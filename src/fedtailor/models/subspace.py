@@ -12,8 +12,8 @@ with ``D_j`` random +-1 sign diagonals, ``Pi_j`` random permutations and ``C`` t
 (``scipy.fft.dct(norm="ortho")``) of length ``dim`` (``transform="dct"``), or a block-diagonal of two
 orthonormal DCT-IIs whose main block has a fast FFT length (``transform="blocked-dct"``, 2.4x to 3x faster on
 the CPU when ``dim`` has large prime factors, e.g. 85,822 = 2 * 11 * 47 * 83). ``P = Q[:, S]`` for a random
-index set S of size ``rank``, so ``P a = Q scatter(a, S)`` and ``P^T g = (Q^T g)[S]``, each O(dim log dim). Q is a product of
-orthogonal matrices, hence orthogonal, hence ``P^T P = I`` exactly in exact arithmetic.
+index set S of size ``rank``, so ``P a = Q scatter(a, S)`` and ``P^T g = (Q^T g)[S]``, each O(dim log dim).
+Q is a product of orthogonal matrices, hence orthogonal, hence ``P^T P = I`` exactly in exact arithmetic.
 
 The DCT-II is computed with Makhoul's reordering and one real FFT of the transform length, the DCT-III (its
 inverse and transpose) with one inverse real FFT; the reorderings, permutations and signs of consecutive steps
@@ -134,10 +134,7 @@ class _DCTBlocks:
             z = torch.fft.rfft(v, dim=-1)
         else:
             z = torch.cat(
-                [
-                    torch.fft.rfft(v[..., o : o + n], dim=-1)
-                    for n, o in zip(self.sizes, self.offsets, strict=True)
-                ],
+                [torch.fft.rfft(v[..., o : o + n], dim=-1) for n, o in zip(self.sizes, self.offsets, strict=True)],
                 dim=-1,
             )
         z.mul_(self.fwd_twiddle)
@@ -267,9 +264,7 @@ class OrthonormalSubspace:
         index, sign = step
         return x.index_select(-1, index).mul_(sign)
 
-    def _rows(
-        self, x: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor], out_size: int
-    ) -> torch.Tensor:
+    def _rows(self, x: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor], out_size: int) -> torch.Tensor:
         """Apply ``op`` over the flattened leading dimensions; on the CPU in chunks of about
         ``CPU_CHUNK_ELEMENTS`` so the temporaries stay in cache and in reused heap memory (faster on a
         (333, 85822) batch than one call, docs/subspace.md)."""
@@ -330,8 +325,15 @@ class OrthonormalSubspace:
 
 
 def make_subspace(
-    *, dim: int, rank: int, seed: int, transform: SubspaceKind, stages: int = 2, model: nn.Module | None = None,
-    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+    *,
+    dim: int,
+    rank: int,
+    seed: int,
+    transform: SubspaceKind,
+    stages: int = 2,
+    model: nn.Module | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> OrthonormalSubspace | KroneckerSubspace | LayerKroneckerSubspace:
     """The coefficient subspace named by ``transform``: ``"layer-kronecker"`` (:class:`LayerKroneckerSubspace`,
     one Kronecker block per layer of ``model``, which it needs), ``"kronecker"`` (:class:`KroneckerSubspace`,
@@ -346,5 +348,6 @@ def make_subspace(
         return subspace
     if transform == "kronecker":
         return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
-    return OrthonormalSubspace(dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device,
-                               dtype=dtype)
+    return OrthonormalSubspace(
+        dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device, dtype=dtype
+    )

@@ -85,9 +85,7 @@ def test_single_stage_is_signed_dct_columns() -> None:
     np.testing.assert_allclose(np.abs(p), np.abs(c[:, cols]), atol=1e-12)
     row_sign = np.sign(p[:, 0] * c[:, cols[0]])  # D_1, read off the first column where C is non-zero
     col_sign = np.sign(p[0] * c[0, cols])  # D_0 (times D_1[0]); C's first row is constant 1/sqrt(dim)
-    np.testing.assert_allclose(
-        p, row_sign[:, None] * c[:, cols] * col_sign[None, :] * row_sign[0], atol=1e-12
-    )
+    np.testing.assert_allclose(p, row_sign[:, None] * c[:, cols] * col_sign[None, :] * row_sign[0], atol=1e-12)
 
 
 def test_nested_ranks_share_columns() -> None:
@@ -151,9 +149,11 @@ def test_batched_equals_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
     rows_g = torch.stack([torch.stack([sub.project(g[i, j]) for j in range(5)]) for i in range(3)])
     torch.testing.assert_close(sub.expand(a), rows_a, rtol=0, atol=1e-6)
     torch.testing.assert_close(sub.project(g), rows_g, rtol=0, atol=1e-6)
-    assert sub.expand(torch.zeros(0, 100)).shape == (0, 500) and sub.project(
-        torch.zeros(2, 0, 500)
-    ).shape == (2, 0, 100)
+    assert sub.expand(torch.zeros(0, 100)).shape == (0, 500) and sub.project(torch.zeros(2, 0, 500)).shape == (
+        2,
+        0,
+        100,
+    )
     torch.testing.assert_close(torch.func.vmap(sub.project)(g[0]), rows_g[0], rtol=0, atol=1e-6)
     # The CPU chunking path (several chunks, the last one short) gives the same result.
     monkeypatch.setattr(subspace_mod, "CPU_CHUNK_ELEMENTS", 2 * 500)
@@ -191,7 +191,7 @@ def test_dtype_and_shape_errors() -> None:
         OrthonormalSubspace(dim=50, rank=10, seed=0, transform="fft")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="expand/project"):
         OrthonormalSubspace(dim=MNIST_DIM, rank=RANK, seed=0).dense()
-    assert 4096 * 4096 == MAX_DENSE_ENTRIES
+    assert MAX_DENSE_ENTRIES == 4096 * 4096
 
 
 def test_to_dtype_gives_same_p() -> None:

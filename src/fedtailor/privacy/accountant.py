@@ -32,9 +32,7 @@ DEFAULT_CONVERSION = "closed-form"
 def check_conversion(conversion: str) -> str:
     """Return ``conversion`` if it names a known conversion, else raise a ValueError listing them."""
     if conversion not in CONVERSIONS:
-        raise ValueError(
-            f"unknown privacy conversion {conversion!r}; choose one of {', '.join(CONVERSIONS)}."
-        )
+        raise ValueError(f"unknown privacy conversion {conversion!r}; choose one of {', '.join(CONVERSIONS)}.")
     return conversion
 
 
@@ -70,8 +68,7 @@ class Accountant(ABC):
         """Record several releases at once, ``(sensitivities[j], sigmas[j])``."""
         if len(sensitivities) != len(sigmas):
             raise ValueError(
-                f"got {len(sensitivities)} sensitivities but {len(sigmas)} sigmas; "
-                "give one sigma per release."
+                f"got {len(sensitivities)} sensitivities but {len(sigmas)} sigmas; give one sigma per release."
             )
         for sensitivity, sigma in zip(sensitivities, sigmas, strict=True):
             self.step(sensitivity=sensitivity, sigma=sigma)

@@ -108,9 +108,7 @@ def test_closed_form_accountant_is_the_papers_formula() -> None:
     assert acc.rho == pytest.approx(rho, rel=1e-14)
     assert acc.mu == pytest.approx(math.sqrt(2 * rho), rel=1e-14)
     assert acc.get_epsilon(delta=1e-5) == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1e5)), rel=1e-14)
-    assert acc.get_epsilon(delta=1e-5) == pytest.approx(
-        16.0, abs=5e-3
-    )  # the worked value sigma=0.01468 (rounded)
+    assert acc.get_epsilon(delta=1e-5) == pytest.approx(16.0, abs=5e-3)  # the worked value sigma=0.01468 (rounded)
 
 
 def test_compose_equals_repeated_step_and_mixed_sigmas() -> None:

@@ -21,8 +21,13 @@ from fedtailor.privacy.accountant import DEFAULT_CONVERSION, check_conversion, e
 from fedtailor.privacy.rdp import closed_form_rho
 
 __all__ = [  # the schedule helpers live in fedtailor.fl.schedule and are re-exported here for the CLI
-    "calibrate_sigma", "gradient_sensitivity", "participation_counts", "planned_releases",
-    "t_max", "uniform_schedule", "worst_client_rho",
+    "calibrate_sigma",
+    "gradient_sensitivity",
+    "participation_counts",
+    "planned_releases",
+    "t_max",
+    "uniform_schedule",
+    "worst_client_rho",
 ]
 from fedtailor.fl.schedule import participation_counts, t_max, uniform_schedule
 
@@ -36,9 +41,7 @@ def gradient_sensitivity(*, batch_size: int, clip: float) -> float:
     return 2.0 * clip / batch_size
 
 
-def worst_client_rho(
-    *, sigma: float, t_max: int, context_sensitivity: float, gradient_sensitivity: float
-) -> float:
+def worst_client_rho(*, sigma: float, t_max: int, context_sensitivity: float, gradient_sensitivity: float) -> float:
     """``rho = (Delta_c^2 + T_max Delta_g^2) / (2 sigma^2)`` of the client with the most releases."""
     return (context_sensitivity**2 + t_max * gradient_sensitivity**2) / (2.0 * sigma**2)
 

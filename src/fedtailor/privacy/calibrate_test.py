@@ -104,9 +104,7 @@ def test_participation_counts_and_plan() -> None:
     np.testing.assert_array_equal(participation_counts(sched, 4), [2, 1, 3, 0])
     assert t_max(sched) == 3
     assert t_max(np.zeros((0, 2), dtype=np.int64)) == 0
-    plan = planned_releases(
-        sched, num_clients=4, sigma=0.5, context_sensitivity=0.1, gradient_sensitivity=0.2
-    )
+    plan = planned_releases(sched, num_clients=4, sigma=0.5, context_sensitivity=0.1, gradient_sensitivity=0.2)
     assert plan[2] == [(0.1, 0.5), (0.2, 0.5), (0.2, 0.5), (0.2, 0.5)]
     assert plan[3] == [(0.1, 0.5)]
     assert gradient_sensitivity(batch_size=333, clip=1.0) == pytest.approx(D)
@@ -121,9 +119,7 @@ def test_participation_counts_and_plan() -> None:
         (lambda: participation_counts(np.array([[-1, 1]]), 3), "negative"),
         (lambda: uniform_schedule(num_clients=2, rounds=3, per_round=3, seed=0), "per_round"),
         (
-            lambda: calibrate_sigma(
-                eps=0, delta=1e-5, t_max=1, context_sensitivity=D, gradient_sensitivity=D
-            ),
+            lambda: calibrate_sigma(eps=0, delta=1e-5, t_max=1, context_sensitivity=D, gradient_sensitivity=D),
             "eps",
         ),
         (
@@ -133,9 +129,7 @@ def test_participation_counts_and_plan() -> None:
             "choose one of",
         ),
         (
-            lambda: calibrate_sigma(
-                eps=1, delta=1e-5, t_max=0, context_sensitivity=0, gradient_sensitivity=D
-            ),
+            lambda: calibrate_sigma(eps=1, delta=1e-5, t_max=0, context_sensitivity=0, gradient_sensitivity=D),
             "nothing",
         ),
         (lambda: gradient_sensitivity(batch_size=0, clip=1.0), "batch_size"),

@@ -29,9 +29,7 @@ def test_calibrate_json(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(_run(argv.split(), capsys))
     assert report["t_max"] == 36
     d = 2 / 333
-    assert report["context_sensitivity"] == pytest.approx(d) and report[
-        "gradient_sensitivity"
-    ] == pytest.approx(d)
+    assert report["context_sensitivity"] == pytest.approx(d) and report["gradient_sensitivity"] == pytest.approx(d)
     rows = {r["calibrated_with"]: r for r in report["calibrations"]}
     assert list(rows) == list(CONVERSIONS)
     # the closed form written out independently of the package: rho* = (sqrt(L + eps) - sqrt(L))^2, L = log(1/delta)

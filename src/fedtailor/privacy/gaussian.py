@@ -78,9 +78,7 @@ def epsilon_for_delta(delta: float, *, mu: float) -> float:
     hi = mu * mu / 2.0 + mu * math.sqrt(-2.0 * log_target)
     while log_delta_for_epsilon(hi, mu=mu) > log_target:  # only guards against rounding at the bound
         hi = 2.0 * hi + 1e-300
-    return float(
-        brentq(lambda e: log_delta_for_epsilon(e, mu=mu) - log_target, 0.0, hi, xtol=1e-300, rtol=8.9e-16)
-    )
+    return float(brentq(lambda e: log_delta_for_epsilon(e, mu=mu) - log_target, 0.0, hi, xtol=1e-300, rtol=8.9e-16))
 
 
 def mu_for_epsilon(eps: float, *, delta: float) -> float:

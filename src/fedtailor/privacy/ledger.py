@@ -86,9 +86,7 @@ class PrivacyLedger:
         client, round = _as_int(client, "client"), _as_int(round, "round")
         sensitivity, sigma = check_release(sensitivity, sigma)
         if not isinstance(mechanism, str) or not mechanism:
-            raise ValueError(
-                f"mechanism must be a non-empty name such as 'context' or 'coef-grad', got {mechanism!r}."
-            )
+            raise ValueError(f"mechanism must be a non-empty name such as 'context' or 'coef-grad', got {mechanism!r}.")
         key = (client, round, mechanism)
         if key in self._keys:
             raise ValueError(
@@ -219,15 +217,12 @@ class BudgetGuard:
                 epsilon=over[worst],
                 target=self.target_eps,
                 context=(
-                    f"by the end of the planned schedule ({self.conversion}, "
-                    f"delta={self.ledger.delta:g}){others}"
+                    f"by the end of the planned schedule ({self.conversion}, delta={self.ledger.delta:g}){others}"
                 ),
             )
         return final
 
-    def check_release(
-        self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str
-    ) -> float:
+    def check_release(self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str) -> float:
         """eps the client would reach with this release; :class:`PrivacyBudgetExceeded` if over target."""
         eps = self.ledger.epsilon_with(int(client), [(sensitivity, sigma)], conversion=self.conversion)
         if self._over(eps):
@@ -236,17 +231,12 @@ class BudgetGuard:
                 epsilon=eps,
                 target=self.target_eps,
                 context=(
-                    f"with release {mechanism!r} in round {round} "
-                    f"({self.conversion}, delta={self.ledger.delta:g})"
+                    f"with release {mechanism!r} in round {round} ({self.conversion}, delta={self.ledger.delta:g})"
                 ),
             )
         return eps
 
     def record(self, *, client: int, round: int, sensitivity: float, sigma: float, mechanism: str) -> Release:
         """Check, then record in the ledger; nothing is recorded when the check fails."""
-        self.check_release(
-            client=client, round=round, sensitivity=sensitivity, sigma=sigma, mechanism=mechanism
-        )
-        return self.ledger.record(
-            client=client, round=round, sensitivity=sensitivity, sigma=sigma, mechanism=mechanism
-        )
+        self.check_release(client=client, round=round, sensitivity=sensitivity, sigma=sigma, mechanism=mechanism)
+        return self.ledger.record(client=client, round=round, sensitivity=sensitivity, sigma=sigma, mechanism=mechanism)

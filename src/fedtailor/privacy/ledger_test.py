@@ -75,9 +75,7 @@ def test_guard_accepts_the_calibrated_schedule_exactly_at_the_target() -> None:
         )
         ledger = PrivacyLedger(delta=1e-5, conversion=conv)
         guard = BudgetGuard(ledger, target_eps=16.0)
-        plan = planned_releases(
-            schedule, num_clients=40, sigma=sigma, context_sensitivity=D, gradient_sensitivity=D
-        )
+        plan = planned_releases(schedule, num_clients=40, sigma=sigma, context_sensitivity=D, gradient_sensitivity=D)
         final = guard.check_plan(plan)
         assert max(final.values()) == pytest.approx(16.0, rel=1e-9)
         # A hair less noise must be refused by the same check.

@@ -40,9 +40,7 @@ def unflatten_like(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict
     sizes = [t.numel() for t in like.values()]
     total = sum(sizes)
     if flat.shape[-1] != total:
-        raise ValueError(
-            f"flat tensor has {flat.shape[-1]} entries per row, but the parameters hold {total}."
-        )
+        raise ValueError(f"flat tensor has {flat.shape[-1]} entries per row, but the parameters hold {total}.")
     lead = flat.shape[:-1]
     chunks = torch.split(flat, sizes, dim=-1)
     return {name: c.reshape(*lead, *t.shape) for (name, t), c in zip(like.items(), chunks, strict=True)}
@@ -117,9 +115,7 @@ def row_norms(g: torch.Tensor) -> torch.Tensor:
 def clip_rows(g: torch.Tensor, *, clip: float) -> torch.Tensor:
     """``clip_C(v) = v min{1, C/||v||_2}`` for every row; rows with norm <= C are returned bit for bit."""
     if g.ndim != 2:
-        raise ValueError(
-            f"clip_rows expects an (n, d) matrix of per-record rows, got shape {tuple(g.shape)}."
-        )
+        raise ValueError(f"clip_rows expects an (n, d) matrix of per-record rows, got shape {tuple(g.shape)}.")
     if not (clip > 0.0 and math.isfinite(clip)):
         raise ValueError(f"clip norm must be finite and > 0, got {clip!r}.")
     norms = row_norms(g)

@@ -45,12 +45,12 @@ _TWO_M52 = 2.0**-52
 def check_key(key: object) -> int:
     """``key`` as a Python int in [0, 2^256); a clear error otherwise."""
     if isinstance(key, bool) or not isinstance(key, numbers.Integral):
-        raise TypeError(
-            f"key must be an int (fedtailor.rng.fresh_key() or derive_key(...)), got {type(key).__name__}"
-        )
+        raise TypeError(f"key must be an int (fedtailor.rng.fresh_key() or derive_key(...)), got {type(key).__name__}")
     k = int(key)
     if not 0 <= k < 2**KEY_BITS:
-        raise ValueError(f"key must lie in [0, 2^{KEY_BITS}), got {k}; use fedtailor.rng.fresh_key() or derive_key(...)")
+        raise ValueError(
+            f"key must lie in [0, 2^{KEY_BITS}), got {k}; use fedtailor.rng.fresh_key() or derive_key(...)"
+        )
     return k
 
 

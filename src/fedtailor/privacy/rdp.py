@@ -58,9 +58,7 @@ def check_release(sensitivity: float, sigma: float) -> tuple[float, float]:
     if not (sensitivity >= 0.0 and math.isfinite(sensitivity)):
         raise ValueError(f"sensitivity must be finite and >= 0, got {sensitivity!r}.")
     if not (sigma > 0.0 and math.isfinite(sigma)):
-        raise ValueError(
-            f"sigma must be finite and > 0, got {sigma!r}; a release without noise has no finite epsilon."
-        )
+        raise ValueError(f"sigma must be finite and > 0, got {sigma!r}; a release without noise has no finite epsilon.")
     return sensitivity, sigma
 
 

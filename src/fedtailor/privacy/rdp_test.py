@@ -33,9 +33,7 @@ def test_closed_form_is_the_continuous_minimum_of_the_basic_conversion(rho: floa
 
 
 @pytest.mark.parametrize(("rho", "delta"), _draws(20, 1))
-def test_balle_is_continuous_minimum_below_every_grid_order_and_below_closed_form(
-    rho: float, delta: float
-) -> None:
+def test_balle_is_continuous_minimum_below_every_grid_order_and_below_closed_form(rho: float, delta: float) -> None:
     grid = ALPHAS * rho + np.log1p(-1 / ALPHAS) - (math.log(delta) + np.log(ALPHAS)) / (ALPHAS - 1)
     brute = max(0.0, float(np.min(grid)))
     eps = balle_epsilon_gaussian(rho, delta=delta)
@@ -51,9 +49,7 @@ def test_balle_returns_the_minimising_order_and_handles_a_generic_curve() -> Non
 
     eps, alpha = balle_epsilon(curve, delta=1e-6)
     direct = (
-        float(curve(np.array([alpha]))[0])
-        + math.log1p(-1 / alpha)
-        - (math.log(1e-6) + math.log(alpha)) / (alpha - 1)
+        float(curve(np.array([alpha]))[0]) + math.log1p(-1 / alpha) - (math.log(1e-6) + math.log(alpha)) / (alpha - 1)
     )
     assert eps == pytest.approx(direct, rel=1e-12)
     grid = curve(ALPHAS) + np.log1p(-1 / ALPHAS) - (math.log(1e-6) + np.log(ALPHAS)) / (ALPHAS - 1)

@@ -77,12 +77,17 @@ class PrivacyConfig(Section):
     clip: float = Field(1.0, gt=0, description="C_g, per-record clipping norm of coefficient gradients")
     batch_size: int = Field(333, ge=1, description="m_g, records per coefficient-gradient release")
     randomness: Literal["secure", "simulation"] = Field(
-        "secure", description="where noise and codec keys come from: 'secure' = 256-bit keys from OS entropy drawn "
+        "secure",
+        description="where noise and codec keys come from: 'secure' = 256-bit keys from OS entropy drawn "
         "by each client (not reproducible); 'simulation' = derived from the seed (reproducible; whoever has the "
-        "config can regenerate the noise, so eps holds only while the seed is secret)")
+        "config can regenerate the noise, so eps holds only while the seed is secret)",
+    )
     sigma: float | None = Field(
-        None, gt=0, description="fixed noise scale instead of calibrating it from epsilon; a schedule that would "
-        "exceed epsilon with it is refused before anything is released")
+        None,
+        gt=0,
+        description="fixed noise scale instead of calibrating it from epsilon; a schedule that would "
+        "exceed epsilon with it is refused before anything is released",
+    )
 
 
 # Paper names (Table 1 and the geometry controls) -> settings of the four axes.
@@ -120,23 +125,34 @@ class CompactConfig(Section):
     hidden_dim: int = Field(100, ge=1, description="r, hidden dimension of h_psi")
     lr: float = Field(0.1, gt=0, description="eta, server SGD step (0.1 MNIST, 0.2 CIFAR-10 in the paper)")
     lr_schedule: Literal["constant", "cosine"] = Field(
-        "cosine", description="eta_t = eta (constant) or eta (1 + cos(pi (t - 1) / R)) / 2 over the R rounds (cosine; "
-        "chosen with lr 0.1 on a validation split, docs/compact.md)")
+        "cosine",
+        description="eta_t = eta (constant) or eta (1 + cos(pi (t - 1) / R)) / 2 over the R rounds (cosine; "
+        "chosen with lr 0.1 on a validation split, docs/compact.md)",
+    )
     init_gain: float | None = Field(
-        None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)")
+        None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)"
+    )
     subspace_stages: int = Field(2, ge=1, le=4)
     subspace_transform: Literal["layer-kronecker", "kronecker", "blocked-dct", "dct"] = Field(
-        "blocked-dct", description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
+        "blocked-dct",
+        description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
         "(coefficient gradients straight from activations and errors), Kronecker factors over the whole parameter "
-        "grid, or a fast DCT")
-    replay_from: str | None = Field(None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses")
+        "grid, or a fast DCT",
+    )
+    replay_from: str | None = Field(
+        None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses"
+    )
     padding: bool = Field(
-        True, description="pad variable-length releases (lrsuq, layered) to one fixed length set from public inputs, "
-        "so that message sizes reveal nothing about the data (off: sizes depend on ||u|| and the run's eps is void)")
+        True,
+        description="pad variable-length releases (lrsuq, layered) to one fixed length set from public inputs, "
+        "so that message sizes reveal nothing about the data (off: sizes depend on ||u|| and the run's eps is void)",
+    )
     pad_bytes: int | None = Field(None, ge=64, description="the padded message size (default: from public probes)")
     diagnostics: bool = Field(
-        False, description="clients also report the realised noise norm, clip fraction, message size and coding "
-        "time: each is outside the DP guarantee, so a run with diagnostics reports its eps as void")
+        False,
+        description="clients also report the realised noise norm, clip fraction, message size and coding "
+        "time: each is outside the DP guarantee, so a run with diagnostics reports its eps as void",
+    )
     privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="before")
@@ -158,15 +174,20 @@ class CompactConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> CompactConfig:
         if self.codec in ("lrsuq", "layered", "dg-q12") and self.privacy.epsilon == float("inf"):
-            raise ValueError(f"codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use dg-fp32.")
+            raise ValueError(
+                f"codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use dg-fp32."
+            )
         if self.generator == "replay" and not self.replay_from:
             raise ValueError("generator 'replay' needs replay_from = the run directory of a 'factorized' run.")
         if self.privacy.sigma is not None and self.privacy.epsilon == float("inf"):
-            raise ValueError("method.privacy.sigma fixes the noise of a private run: give a finite epsilon target too "
-                             "(the schedule is checked against it), or drop sigma for a run without noise.")
+            raise ValueError(
+                "method.privacy.sigma fixes the noise of a private run: give a finite epsilon target too "
+                "(the schedule is checked against it), or drop sigma for a run without noise."
+            )
         if self.space == "full" and self.codec != "dg-fp32":
             raise ValueError("the full-space variants release dense full-model gradients: use codec dg-fp32.")
         return self
+
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +226,9 @@ class Generator(nn.Module):
                 bound = 1 / math.sqrt(context_dim)  # nn.Linear's default (Kaiming-uniform) range, no bias
                 self.V = nn.Parameter(torch.empty(hidden_dim, context_dim).uniform_(-bound, bound))
             else:
-                self.psi = nn.Sequential(nn.Linear(context_dim, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, hidden_dim))
+                self.psi = nn.Sequential(
+                    nn.Linear(context_dim, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, hidden_dim)
+                )
             self.W = nn.Parameter(torch.zeros(out_dim, hidden_dim))
             if init_gain is not None:
                 self._rescale(init_gain, context_dim)
@@ -298,16 +321,32 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if self.coefficient and cfg.coef_dim > self.d:
             raise ValueError(f"coef_dim k={cfg.coef_dim} exceeds the model's d_theta={self.d}; choose k <= d_theta.")
         self.k = cfg.coef_dim if self.coefficient else self.d
-        self.P = (make_subspace(dim=self.d, rank=self.k, seed=seed, transform=cfg.subspace_transform,
-                                stages=cfg.subspace_stages, model=self.model, device=device)
-                  if self.coefficient else None)
+        self.P = (
+            make_subspace(
+                dim=self.d,
+                rank=self.k,
+                seed=seed,
+                transform=cfg.subspace_transform,
+                stages=cfg.subspace_stages,
+                model=self.model,
+                device=device,
+            )
+            if self.coefficient
+            else None
+        )
         self.context_dim = 2 * input_shape[0]
         self.m_c, self.m_g, self.clip = context_size, cfg.privacy.batch_size, cfg.privacy.clip
         self.private_context = cfg.context == "private"
         # u0: the one public context of the geometry controls, already in standardised units.
         self.u0 = torch.randn(self.context_dim, generator=torch_generator(seed, "public-context")).to(device)
-        self.generator = Generator(kind=cfg.generator, context_dim=self.context_dim, hidden_dim=cfg.hidden_dim,
-                                   out_dim=self.k, seed=seed, init_gain=cfg.init_gain).to(device)
+        self.generator = Generator(
+            kind=cfg.generator,
+            context_dim=self.context_dim,
+            hidden_dim=cfg.hidden_dim,
+            out_dim=self.k,
+            seed=seed,
+            init_gain=cfg.init_gain,
+        ).to(device)
         self.omega0 = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}  # public init
         self.codec = get_codec(cfg.codec, **_codec_options(cfg))
         self.simulation = cfg.privacy.randomness == "simulation"
@@ -340,8 +379,14 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if self.noisy:
             counts = participation_counts(self.schedule, max(self.seen) + 1)
             dc, dg = self._sensitivities()
-            sigma = p.sigma or calibrate_sigma(eps=p.epsilon, delta=p.delta, t_max=int(counts.max()),
-                                               context_sensitivity=dc, gradient_sensitivity=dg, conversion=p.conversion)
+            sigma = p.sigma or calibrate_sigma(
+                eps=p.epsilon,
+                delta=p.delta,
+                t_max=int(counts.max()),
+                context_sensitivity=dc,
+                gradient_sensitivity=dg,
+                conversion=p.conversion,
+            )
             plan = {c: ([(dc, sigma)] if dc else []) + [(dg, sigma)] * int(counts[c]) for c in self.seen}
             self._guard(ledger).check_plan(plan)  # refused before anything is released
             if announce:
@@ -360,14 +405,17 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if not self.private_context and self.simulation:
             return None
         if self.noisy and self.private_context:  # refused here if over budget; recorded when it arrives
-            self._guard(server.ledger).check_release(client=cid, round=0, sensitivity=context_sensitivity(self.m_c),
-                                                     sigma=server.sigma, mechanism="context")
+            self._guard(server.ledger).check_release(
+                client=cid, round=0, sensitivity=context_sensitivity(self.m_c), sigma=server.sigma, mechanism="context"
+            )
         return Message(config={"sigma": server.sigma, "context": self.private_context})
 
     def _simulation_secret(self, cid: int) -> int:
         return derive_key(self.seed, "release-secret", cid)
 
-    def client_setup(self, msg: Message, state: CompactClient | None, data: ClientData) -> tuple[Message, CompactClient]:
+    def client_setup(
+        self, msg: Message, state: CompactClient | None, data: ClientData
+    ) -> tuple[Message, CompactClient]:
         if state is not None and state.set_up:
             raise RequestRefused(f"client {data.cid} already made its one-shot setup release; a second is refused.")
         if msg.config.get("context") and self.noisy:
@@ -392,8 +440,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     def _check_sigma(self, msg: Message, cid: int) -> float:
         sigma, want = msg.config.get("sigma"), self.client_plan.sigma
         if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma >= want:
-            raise RequestRefused(f"client {cid} was asked for a release with sigma {sigma!r}, below its own "
-                                 f"calibration {want:.6g}; refused.")
+            raise RequestRefused(
+                f"client {cid} was asked for a release with sigma {sigma!r}, below its own "
+                f"calibration {want:.6g}; refused."
+            )
         return float(sigma)
 
     def _check_request(self, msg: Message, state: CompactClient, cid: int) -> tuple[int, float]:
@@ -408,15 +458,18 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             raise RequestRefused(f"client {cid} has already released for round {rnd} (its key would be reused).")
         sigma = self._check_sigma(msg, cid) if self.noisy else float(msg.config.get("sigma", 0.0))
         if msg.config.get("pad_bytes") != self.client_plan.pad_bytes:
-            raise RequestRefused(f"client {cid} was asked for messages of {msg.config.get('pad_bytes')!r} bytes; its "
-                                 f"own fixed size is {self.client_plan.pad_bytes!r}. Refused.")
+            raise RequestRefused(
+                f"client {cid} was asked for messages of {msg.config.get('pad_bytes')!r} bytes; its "
+                f"own fixed size is {self.client_plan.pad_bytes!r}. Refused."
+            )
         return rnd, sigma
 
     def deployment_risks(self) -> dict[str, str]:
         risks = {}
         if self.simulation:
-            risks["simulation-randomness"] = ("method.privacy.randomness is 'simulation': every noise draw follows "
-                                              "from the public seed")
+            risks["simulation-randomness"] = (
+                "method.privacy.randomness is 'simulation': every noise draw follows from the public seed"
+            )
         if self.cfg.diagnostics:
             risks["diagnostics"] = "method.diagnostics is on: replies carry functions of the unprotected input"
         if self.variable_length and not self.cfg.padding:
@@ -427,14 +480,22 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if self.simulation:
             return self._simulation_secret(cid)
         if cid not in server.codec_secrets:
-            raise InvalidMessage(f"client {cid} gave no codec secret in the setup phase; its releases cannot be decoded.")
+            raise InvalidMessage(
+                f"client {cid} gave no codec secret in the setup phase; its releases cannot be decoded."
+            )
         return server.codec_secrets[cid]
 
     def aggregate_setup(self, server: CompactState, replies: dict[int, Message]) -> CompactState:
         """A new state with the key ring, the cached contexts and the generator's input statistics."""
-        server = dataclasses.replace(server, omega=dict(server.omega), codec_secrets={
-            cid: int.from_bytes(r.config["codec_secret"], "little") for cid, r in replies.items()
-            if "codec_secret" in r.config})
+        server = dataclasses.replace(
+            server,
+            omega=dict(server.omega),
+            codec_secrets={
+                cid: int.from_bytes(r.config["codec_secret"], "little")
+                for cid, r in replies.items()
+                if "codec_secret" in r.config
+            },
+        )
         if not self.private_context:
             return server
         server.contexts = {cid: r.arrays["context"].to(self.device).float() for cid, r in replies.items()}
@@ -482,8 +543,13 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     # ----- training round ------------------------------------------------------------------------------
     def configure_fit(self, server: CompactState, rnd: int, cid: int) -> Message:
         if self.noisy:  # refused here if over budget; recorded when the release arrives (validate_reply)
-            self._guard(server.ledger).check_release(client=cid, round=rnd, sensitivity=self._sensitivities()[1],
-                                                     sigma=server.sigma, mechanism=f"coef-gradient/{self.codec.name}")
+            self._guard(server.ledger).check_release(
+                client=cid,
+                round=rnd,
+                sensitivity=self._sensitivities()[1],
+                sigma=server.sigma,
+                mechanism=f"coef-gradient/{self.codec.name}",
+            )
         config: dict[str, Any] = {"round": rnd, "sigma": server.sigma}
         if server.pad_bytes is not None:
             config["pad_bytes"] = server.pad_bytes
@@ -542,8 +608,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             config["clip_fraction"] = float((torch.linalg.vector_norm(grads, dim=1) > self.clip).float().mean())
             config["message_bytes"] = len(message)
             config["encode_ms"] = encode_ms
-        return Message(config=config), CompactClient(codec_secret=state.codec_secret, set_up=state.set_up,
-                                                     released=state.released | {rnd})
+        return Message(config=config), CompactClient(
+            codec_secret=state.codec_secret, set_up=state.set_up, released=state.released | {rnd}
+        )
 
     def _record_arrival(self, server: CompactState, phase: str, rnd: int, cid: int) -> None:
         """The ledger counts every release that reached the server (even one rejected below: it left the client)
@@ -557,20 +624,25 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         else:
             sens, mechanism = self._sensitivities()[1], f"coef-gradient/{self.codec.name}"
         if not server.ledger.recorded(client=cid, round=rnd, mechanism=mechanism):  # one release per request
-            self._guard(server.ledger).record(client=cid, round=rnd, sensitivity=sens, sigma=server.sigma,
-                                              mechanism=mechanism)
+            self._guard(server.ledger).record(
+                client=cid, round=rnd, sensitivity=sens, sigma=server.sigma, mechanism=mechanism
+            )
 
     def validate_reply(self, server: CompactState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         self._record_arrival(server, phase, rnd, cid)
         if phase == "setup":
-            reply.only(arrays={"context"} if self.private_context else set(),
-                       config=set() if self.simulation else {"codec_secret"})
+            reply.only(
+                arrays={"context"} if self.private_context else set(),
+                config=set() if self.simulation else {"codec_secret"},
+            )
             if self.private_context:
                 c = reply.array("context", shape=(self.context_dim,), dtype=torch.float32)
                 bound = release_norm_bound(1.0, server.sigma, self.context_dim)
                 if float(torch.linalg.vector_norm(c.double())) > bound:
-                    raise InvalidMessage(f"context release of client {cid} has a norm no bounded context plus noise "
-                                         f"reaches (> {bound:.4g}).")
+                    raise InvalidMessage(
+                        f"context release of client {cid} has a norm no bounded context plus noise "
+                        f"reaches (> {bound:.4g})."
+                    )
             if not self.simulation:
                 secret = reply.value("codec_secret", bytes)
                 if len(secret) != 32:
@@ -592,16 +664,19 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                 payload = unpad(payload, size=server.pad_bytes)
                 if not payload:
                     raise Abstained(f"client {cid} abstained in round {rnd} (its release did not fit the fixed size).")
-            g = self.codec.decode(payload, key=release_key(self._decoder_secret(server, cid), cid, rnd),
-                                  sigma=server.sigma, dim=self.k)
+            g = self.codec.decode(
+                payload, key=release_key(self._decoder_secret(server, cid), cid, rnd), sigma=server.sigma, dim=self.k
+            )
         except CodecError as err:
             raise InvalidMessage(f"undecodable release: {err}") from err
         if not np.all(np.isfinite(g)):
             raise InvalidMessage("decoded release contains non-finite values.")
         bound = release_norm_bound(self.clip, server.sigma, self.k, slack=_quantisation_slack(self.codec.name, g))
         if float(np.linalg.norm(g)) > bound:
-            raise InvalidMessage(f"decoded release of client {cid} has norm {float(np.linalg.norm(g)):.4g}, which no "
-                                 f"clipped input plus noise reaches (> {bound:.4g} at tail {RELEASE_TAIL:g}).")
+            raise InvalidMessage(
+                f"decoded release of client {cid} has norm {float(np.linalg.norm(g)):.4g}, which no "
+                f"clipped input plus noise reaches (> {bound:.4g} at tail {RELEASE_TAIL:g})."
+            )
         return g
 
     def step_size(self, rnd: int) -> float:
@@ -610,14 +685,17 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             return self.cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (rnd - 1) / len(self.schedule)))
         return self.cfg.lr
 
-    def fold_fit(self, server: CompactState, rnd: int, acc: dict[int, _Decoded] | None, cid: int,
-                 reply: Message) -> dict[int, _Decoded]:
+    def fold_fit(
+        self, server: CompactState, rnd: int, acc: dict[int, _Decoded] | None, cid: int, reply: Message
+    ) -> dict[int, _Decoded]:
         """The round's accepted releases so far, with this one decoded."""
         t0 = time.perf_counter()
         g = torch.as_tensor(self.decode(server, rnd, cid, reply), dtype=torch.float32, device=self.device)
         return {**(acc or {}), cid: _Decoded(g=g, reply=reply, decode_ms=1e3 * (time.perf_counter() - t0))}
 
-    def aggregate_fit(self, server: CompactState, rnd: int, replies: dict[int, Message]) -> tuple[CompactState, Metrics]:
+    def aggregate_fit(
+        self, server: CompactState, rnd: int, replies: dict[int, Message]
+    ) -> tuple[CompactState, Metrics]:
         acc = None
         for cid in sorted(replies):
             acc = self.fold_fit(server, rnd, acc, cid, replies[cid])
@@ -683,13 +761,18 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if self.replay_ledger is not None and not self.replay_ledger.releases:
             void.append(f"the Factorized run whose gains Replay reads ({self.cfg.replay_from}) had no noise")
         if self.cfg.diagnostics:
-            void.append("diagnostics on: the noise norm, clip fraction, message sizes and coding times are functions "
-                        "of the unprotected clipped mean")
+            void.append(
+                "diagnostics on: the noise norm, clip fraction, message sizes and coding times are functions "
+                "of the unprotected clipped mean"
+            )
         if self.variable_length and not self.cfg.padding:
             void.append("padding off: the size of every LRSUQ message depends on ||u|| and is in the metrics")
-        mode = ("simulation (noise and codec keys derived from the config seed: whoever has the config can "
-                "regenerate the noise, so eps holds only while the seed is secret)" if self.simulation else
-                "secure (256-bit keys from each client's OS entropy)")
+        mode = (
+            "simulation (noise and codec keys derived from the config seed: whoever has the config can "
+            "regenerate the noise, so eps holds only while the seed is secret)"
+            if self.simulation
+            else "secure (256-bit keys from each client's OS entropy)"
+        )
         return mode, void
 
     def holds_against(self) -> str:
@@ -699,8 +782,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             return "whoever does not know the config's seed"
         if self.codec.private_noise:
             return "the server (key ring, state, checkpoints, logs) and every output"
-        return ("every output and observer without the clients' codec secrets; not the decoder, whose key ring "
-                "holds LRSUQ's shared randomness")
+        return (
+            "every output and observer without the clients' codec secrets; not the decoder, whose key ring "
+            "holds LRSUQ's shared randomness"
+        )
 
     def summary(self, server: CompactState) -> dict[str, Any]:
         ledger = server.ledger
@@ -708,16 +793,21 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         if self.replay_ledger is not None and not self.replay_ledger.releases:
             eps = {}  # its outputs depend on a run without noise: no DP guarantee
         elif self.replay_ledger is not None:  # Replay's outputs also depend on the Factorized run it reads
-            imported = {c: [(r.sensitivity, r.sigma) for r in self.replay_ledger.releases if r.client == c]
-                        for c in self.replay_ledger.clients}
+            imported = {
+                c: [(r.sensitivity, r.sigma) for r in self.replay_ledger.releases if r.client == c]
+                for c in self.replay_ledger.clients
+            }
             eps = {c: ledger.epsilon_with(c, imported.get(c, [])) for c in sorted(set(eps) | set(imported))}
         counts = participation_counts(self.schedule, max(self.seen) + 1)
         mode, void = self.privacy_status()
         return {
             "variant": self.cfg.variant or "custom",
-            "generator": self.cfg.generator, "space": self.cfg.space, "context": self.cfg.context,
+            "generator": self.cfg.generator,
+            "space": self.cfg.space,
+            "context": self.cfg.context,
             "codec": self.codec.name,
-            "k": self.k, "d_theta": self.d,
+            "k": self.k,
+            "d_theta": self.d,
             "sigma": server.sigma,
             "T_max": int(counts[self.seen].max()),
             "epsilon_target": self.cfg.privacy.epsilon,
@@ -739,7 +829,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         return {"privacy_ledger.json": server.ledger.to_json()}
 
 
-def release_norm_bound(bound: float, sigma: float, dim: int, *, tail: float = RELEASE_TAIL, slack: float = 0.0) -> float:
+def release_norm_bound(
+    bound: float, sigma: float, dim: int, *, tail: float = RELEASE_TAIL, slack: float = 0.0
+) -> float:
     """The norm a release ``x + N(0, sigma^2 I_dim)`` of an input with ``||x|| <= bound`` exceeds with
     probability at most ``tail``: ``bound + sigma (sqrt(dim) + sqrt(2 ln(1/tail)))`` (the Gaussian norm is
     1-Lipschitz, so it exceeds its mean, at most sqrt(dim) sigma, by t sigma with probability <= exp(-t^2/2)),
@@ -755,7 +847,9 @@ def _quantisation_slack(codec: str, g: np.ndarray) -> float:
 
 def _factorized_gain(seed: int, context_dim: int, hidden_dim: int, z: torch.Tensor) -> float:
     """mean_i ||h_psi(z_i)||^2 of the factorized generator's public initialisation on standardised contexts z."""
-    ref = Generator(kind="factorized", context_dim=context_dim, hidden_dim=hidden_dim, out_dim=1, seed=seed).to(z.device)
+    ref = Generator(kind="factorized", context_dim=context_dim, hidden_dim=hidden_dim, out_dim=1, seed=seed).to(
+        z.device
+    )
     with torch.no_grad():
         return float(ref.hidden(z).pow(2).sum(1).mean())
 
@@ -770,12 +864,16 @@ def _load_replay_ledger(run_dir: str | None) -> PrivacyLedger | None:
     """The privacy ledger of the Factorized run whose gains Replay reads (no releases if that run had no noise)."""
     path = Path(str(run_dir)) / "privacy_ledger.json"
     if not path.exists():
-        raise FileNotFoundError(f"replay_from: {path} not found; Replay's eps must include the run whose gains it "
-                                "reads, so pass the directory of a finished 'factorized' run.")
+        raise FileNotFoundError(
+            f"replay_from: {path} not found; Replay's eps must include the run whose gains it "
+            "reads, so pass the directory of a finished 'factorized' run."
+        )
     return PrivacyLedger.from_json(path.read_text())
 
 
-def public_codec_profile(codec: Any, *, k: int, sigma: float, clip: float, seed: int, keys: int = 8) -> dict[str, float]:
+def public_codec_profile(
+    codec: Any, *, k: int, sigma: float, clip: float, seed: int, keys: int = 8
+) -> dict[str, float]:
     """Message sizes and coding time of ``codec`` on public inputs only, measured once before training.
 
     Probes: u = 0, and ||u|| = clip spread evenly over the coordinates, on one coordinate, and along a public
@@ -786,39 +884,59 @@ def public_codec_profile(codec: Any, *, k: int, sigma: float, clip: float, seed:
     not sent)."""
     rng = np.random.default_rng(derive_seed(seed, "codec-probe"))
     direction = rng.standard_normal(k)
-    probes = {"zero": np.zeros(k), "spread": np.full(k, clip / math.sqrt(k)),
-              "spike": np.eye(1, k).ravel() * clip, "random": clip * direction / np.linalg.norm(direction)}
+    probes = {
+        "zero": np.zeros(k),
+        "spread": np.full(k, clip / math.sqrt(k)),
+        "spike": np.eye(1, k).ravel() * clip,
+        "random": clip * direction / np.linalg.norm(direction),
+    }
     sizes: dict[str, list[int]] = {}
     t0 = time.perf_counter()
     for name, u in probes.items():
-        sizes[name] = [len(codec.encode(u, key=derive_key(seed, "codec-probe", name, i), sigma=sigma)) for i in range(keys)]
+        sizes[name] = [
+            len(codec.encode(u, key=derive_key(seed, "codec-probe", name, i), sigma=sigma)) for i in range(keys)
+        ]
     ms = 1e3 * (time.perf_counter() - t0) / (keys * len(probes))
     worst = max(max(v) for v in sizes.values())
     spread = max(float(np.std(v)) for v in sizes.values())
     at_clip = [n for name in ("spread", "spike", "random") for n in sizes[name]]
-    return {"bits_per_coefficient_at_u0": 8.0 * float(np.mean(sizes["zero"])) / k,
-            "bits_per_coefficient_at_clip": 8.0 * float(np.mean(at_clip)) / k,
-            "encode_ms": ms, "pad_bytes": float(math.ceil(worst + 6 * spread + 16))}
+    return {
+        "bits_per_coefficient_at_u0": 8.0 * float(np.mean(sizes["zero"])) / k,
+        "bits_per_coefficient_at_clip": 8.0 * float(np.mean(at_clip)) / k,
+        "encode_ms": ms,
+        "pad_bytes": float(math.ceil(worst + 6 * spread + 16)),
+    }
 
 
 def _load_replay_gains(run_dir: str | None, rounds: int) -> list[float]:
     """gamma_t = ||h_t||^2 per round, recorded by a 'factorized' run (its metrics.jsonl)."""
     path = Path(str(run_dir)) / "metrics.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"replay_from: {path} not found; run a 'factorized' variant first and pass its run directory.")
+        raise FileNotFoundError(
+            f"replay_from: {path} not found; run a 'factorized' variant first and pass its run directory."
+        )
     gains = [json.loads(line).get("h_norm2") for line in path.read_text().splitlines() if line.strip()]
     if len(gains) < rounds or any(g is None for g in gains[:rounds]):
-        raise ValueError(f"replay_from: {path} has h_norm2 for {sum(g is not None for g in gains)} rounds, need {rounds}; "
-                         "use a finished 'factorized' run with the same number of rounds.")
+        raise ValueError(
+            f"replay_from: {path} has h_norm2 for {sum(g is not None for g in gains)} rounds, need {rounds}; "
+            "use a finished 'factorized' run with the same number of rounds."
+        )
     return [float(g) for g in gains[:rounds]]
 
 
 def build_compact(setup: Any) -> CompactAdaptation:
     """Compact adaptation on an image setup (:class:`fedtailor.data.setup.ImageSetup`)."""
     m = setup.cfg.method
-    return CompactAdaptation(cfg=m, model_fn=setup.model_fn(m.model), input_shape=setup.dataset.input_shape,
-                             schedule=setup.schedule, seen=list(setup.partition.seen), seed=setup.cfg.seed,
-                             device=setup.device, context_size=setup.cfg.data.context_size)
+    return CompactAdaptation(
+        cfg=m,
+        model_fn=setup.model_fn(m.model),
+        input_shape=setup.dataset.input_shape,
+        schedule=setup.schedule,
+        seen=list(setup.partition.seen),
+        seed=setup.cfg.seed,
+        device=setup.device,
+        context_size=setup.cfg.data.context_size,
+    )
 
 
 register_method("compact", config=CompactConfig, build=build_compact, family="compact", data="images")

@@ -11,7 +11,6 @@ import pytest
 import torch
 from scipy import stats
 
-from fedtailor.codecs import release_key
 from fedtailor.config import COMPACT_VARIANTS, load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated, start
@@ -23,9 +22,17 @@ from fedtailor.privacy.calibrate import calibrate_sigma
 from fedtailor.runner import run_experiment
 
 SMALL = [
-    'data.dataset="mnist-5k"', "data.num_clients=10", "data.num_unseen=2", "data.context_size=60",
-    "federation.rounds=12", "federation.clients_per_round=2", "method.coef_dim=2048", "method.hidden_dim=16",
-    "method.privacy.batch_size=60", "method.privacy.epsilon=8", 'method.privacy.randomness="simulation"',
+    'data.dataset="mnist-5k"',
+    "data.num_clients=10",
+    "data.num_unseen=2",
+    "data.context_size=60",
+    "federation.rounds=12",
+    "federation.clients_per_round=2",
+    "method.coef_dim=2048",
+    "method.hidden_dim=16",
+    "method.privacy.batch_size=60",
+    "method.privacy.epsilon=8",
+    'method.privacy.randomness="simulation"',
 ]
 
 
@@ -69,8 +76,14 @@ def test_release_noise_has_the_calibrated_sigma(codec):
     _, ref_method = small('method.codec="dg-fp32"')
     server = start(method, setup.clients).server
     counts = participation_counts(setup.schedule, max(setup.partition.seen) + 1)
-    expected = calibrate_sigma(eps=8, delta=1e-5, t_max=int(counts.max()), context_sensitivity=2 / 60,
-                               gradient_sensitivity=2 / 60, conversion="closed-form")
+    expected = calibrate_sigma(
+        eps=8,
+        delta=1e-5,
+        t_max=int(counts.max()),
+        context_sensitivity=2 / 60,
+        gradient_sensitivity=2 / 60,
+        conversion="closed-form",
+    )
     assert server.sigma == pytest.approx(expected, rel=1e-12)
     cid = int(setup.schedule[0, 0])
     # u: the same client, round and generator, the release's input
@@ -188,5 +201,7 @@ def test_every_variant_of_the_paper_runs_and_reports(variant, tmp_path):
     private_ctx = axes["context"] == "private"
     assert bool(result.state.server.contexts) == private_ctx
     assert set(result.evaluation) == set(setup.clients)
-    assert all(m["num_examples"] == len(setup.clients[c].eval[1]) and math.isfinite(m["loss"])
-               for c, m in result.evaluation.items())
+    assert all(
+        m["num_examples"] == len(setup.clients[c].eval[1]) and math.isfinite(m["loss"])
+        for c, m in result.evaluation.items()
+    )

@@ -17,8 +17,8 @@ from fedtailor.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import Abstained, InvalidMessage, Message, RequestRefused
 from fedtailor.methods.compact.adaptation import CompactClient, release_norm_bound
-from fedtailor.methods.compact.privacy_test import SECURE, build
 from fedtailor.methods.compact.adaptation_test import SMALL
+from fedtailor.methods.compact.privacy_test import SECURE, build
 from fedtailor.privacy.noise import gaussian_noise
 from fedtailor.rng import derive_key
 
@@ -116,8 +116,12 @@ def test_a_client_refuses_what_its_own_plan_does_not_allow(codec):
     data, own = setup.clients[cid], state.clients.get(cid)
     sigma = state.server.sigma
     unscheduled = next(r for r in range(1, len(setup.schedule) + 1) if cid not in setup.schedule[r - 1])
-    for change, why in (({"sigma": sigma / 2}, "below its own"), ({"sigma": 0.0}, "below its own"),
-                        ({"round": unscheduled}, "not scheduled"), ({"round": 10_000}, "outside the schedule")):
+    for change, why in (
+        ({"sigma": sigma / 2}, "below its own"),
+        ({"sigma": 0.0}, "below its own"),
+        ({"round": unscheduled}, "not scheduled"),
+        ({"round": 10_000}, "outside the schedule"),
+    ):
         with pytest.raises(RequestRefused, match=why):
             method.client_fit(_asked(method, state.server, rnd, cid, **change), own, data)
     reply, after = method.client_fit(_asked(method, state.server, rnd, cid), own, data)
@@ -135,8 +139,7 @@ def test_a_client_refuses_what_its_own_plan_does_not_allow(codec):
             with pytest.raises(RequestRefused, match="fixed size"):
                 method.client_fit(msg, own, data)
     with pytest.raises(RequestRefused, match="setup"):  # one context release per client, never two
-        method.client_setup(method.configure_setup(state.server, cid), CompactClient(codec_secret=1, set_up=True),
-                            data)
+        method.client_setup(method.configure_setup(state.server, cid), CompactClient(codec_secret=1, set_up=True), data)
 
 
 def test_the_deployment_risks_name_what_voids_the_guarantee():
@@ -181,7 +184,9 @@ def test_one_context_moves_the_context_statistics_by_a_bounded_amount():
         replies[cid] = reply
     bound = release_norm_bound(1.0, server.sigma, method.context_dim)
     target = method.seen[0]
-    too_far = Message(arrays={"context": torch.full((method.context_dim,), 1.2 * bound / math.sqrt(method.context_dim))})
+    too_far = Message(
+        arrays={"context": torch.full((method.context_dim,), 1.2 * bound / math.sqrt(method.context_dim))}
+    )
     with pytest.raises(InvalidMessage, match="norm"):
         method.validate_reply(server, "setup", 0, target, too_far)
     honest = method.aggregate_setup(method.init_server(), dict(replies)).omega["c_mean"]
@@ -199,8 +204,7 @@ def test_a_release_too_long_for_the_fixed_size_is_a_fixed_size_abstention(tmp_pa
     setup, method = build(SMALL, 'method.codec="lrsuq"', "method.pad_bytes=64", "federation.rounds=3")
     state = start(method, setup.clients)
     cid = int(setup.schedule[0, 0])
-    reply, _ = method.client_fit(method.configure_fit(state.server, 1, cid), state.clients.get(cid),
-                                 setup.clients[cid])
+    reply, _ = method.client_fit(method.configure_fit(state.server, 1, cid), state.clients.get(cid), setup.clients[cid])
     assert set(reply.config) == {"payload"} and len(reply.config["payload"]) == 64
     assert unpad(reply.config["payload"], size=64) == b""
     with pytest.raises(Abstained):

@@ -3,6 +3,7 @@ guard inside the method, and the server step against autograd."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -42,7 +43,7 @@ def test_secure_mode_noise_cannot_be_regenerated_from_the_config():
     for _ in range(2):
         setup, method = build(SECURE)
         runs.append((setup, method, start(method, setup.clients)))
-    (setup, m1, s1), (_, m2, s2) = runs
+    (setup, m1, s1), (_, _m2, s2) = runs
     cid = int(setup.schedule[0, 0])
     sim_setup, sim = build(SMALL)
     sim_state = start(sim, sim_setup.clients)
@@ -135,9 +136,12 @@ def test_rejected_setup_replies_leave_the_server_intact():
     msg = method.configure_setup(server, cid)
     good, _ = method.client_setup(msg, None, setup.clients[cid])
     method.validate_reply(server, "setup", 0, cid, good)
-    for bad in (Message(), Message(arrays={"context": torch.ones(3)}),
-                Message(arrays={"context": torch.full((2,), 1e6)}),
-                Message(arrays={"context": torch.tensor([float("nan"), 0.0])})):
+    for bad in (
+        Message(),
+        Message(arrays={"context": torch.ones(3)}),
+        Message(arrays={"context": torch.full((2,), 1e6)}),
+        Message(arrays={"context": torch.tensor([float("nan"), 0.0])}),
+    ):
         with pytest.raises(InvalidMessage):
             method.validate_reply(server, "setup", 0, cid, bad)
     _, secure = build(SECURE)
@@ -145,7 +149,9 @@ def test_rejected_setup_replies_leave_the_server_intact():
     reply, _ = secure.client_setup(secure.configure_setup(s_server, cid), None, setup.clients[cid])
     for secret in (b"", b"\x00" * 31, "text"):
         with pytest.raises(InvalidMessage):
-            secure.validate_reply(s_server, "setup", 0, cid, Message(arrays=reply.arrays, config={"codec_secret": secret}))
+            secure.validate_reply(
+                s_server, "setup", 0, cid, Message(arrays=reply.arrays, config={"codec_secret": secret})
+            )
     assert s_server.codec_secrets == {} and s_server.contexts == {}
 
 
@@ -173,14 +179,22 @@ def _autograd_step(method, omega: dict[str, torch.Tensor], contexts, setup, rnd:
     return {k: (v - step * grads[k] if k in names else v).detach() for k, v in params.items()}
 
 
-@pytest.mark.parametrize(("generator", "transform"),
-                         [("factorized", "blocked-dct"), ("deeplin", "blocked-dct"), ("factorized", "layer-kronecker")])
+@pytest.mark.parametrize(
+    ("generator", "transform"),
+    [("factorized", "blocked-dct"), ("deeplin", "blocked-dct"), ("factorized", "layer-kronecker")],
+)
 def test_the_server_step_is_gradient_descent_on_the_mean_batch_loss(generator, transform):
     """Without noise and clipping the release is P^T grad of the mean batch loss, so two rounds must equal two
     autograd SGD steps on omega (round 1 moves W only, since W = 0; round 2 checks h's parameters too). A step
     of the wrong sign, a missing J^T, or P instead of P^T fails this."""
-    setup, method = build(SMALL, "method.privacy.epsilon=inf", "method.privacy.clip=1e9", "method.lr=0.5",
-                          f'method.generator="{generator}"', f'method.subspace_transform="{transform}"')
+    setup, method = build(
+        SMALL,
+        "method.privacy.epsilon=inf",
+        "method.privacy.clip=1e9",
+        "method.lr=0.5",
+        f'method.generator="{generator}"',
+        f'method.subspace_transform="{transform}"',
+    )
     server = start(method, setup.clients).server
     for rnd in (1, 2):
         cids = [int(c) for c in setup.schedule[rnd - 1]]
@@ -204,10 +218,17 @@ def test_a_secure_run_resumes_with_its_secrets_and_the_same_ledger(tmp_path):
     setup, method = build(SECURE, 'method.codec="lrsuq"')
     full = run_federated(method, setup.clients, setup.schedule, progress=False)
     ckpt = tmp_path / "ckpt.pt"
-    run_federated(build(SECURE, 'method.codec="lrsuq"')[1], setup.clients, setup.schedule, checkpoint=ckpt,
-                  progress=False, stop_after=5)
-    resumed = run_federated(build(SECURE, 'method.codec="lrsuq"')[1], setup.clients, setup.schedule,
-                            checkpoint=ckpt, progress=False)
+    run_federated(
+        build(SECURE, 'method.codec="lrsuq"')[1],
+        setup.clients,
+        setup.schedule,
+        checkpoint=ckpt,
+        progress=False,
+        stop_after=5,
+    )
+    resumed = run_federated(
+        build(SECURE, 'method.codec="lrsuq"')[1], setup.clients, setup.schedule, checkpoint=ckpt, progress=False
+    )
     assert all(r["rejected"] == 0 for r in resumed.history)
     assert full.state.server.ledger.to_json() == resumed.state.server.ledger.to_json()
     assert not torch.equal(full.state.server.omega["W"], resumed.state.server.omega["W"])  # fresh noise
@@ -217,7 +238,7 @@ def test_the_cosine_step_decays_from_eta_to_near_zero():
     _, method = build(SMALL, "method.lr=0.4")
     rounds = len(method.schedule)
     steps = [method.step_size(t) for t in range(1, rounds + 1)]
-    assert steps[0] == 0.4 and all(a > b for a, b in zip(steps, steps[1:])) and 0 < steps[-1] < 0.4 * 0.02
+    assert steps[0] == 0.4 and all(a > b for a, b in itertools.pairwise(steps)) and 0 < steps[-1] < 0.4 * 0.02
     assert method.step_size(rounds // 2 + 1) == pytest.approx(0.2)
     _, const = build(SMALL, "method.lr=0.4", 'method.lr_schedule="constant"')
     assert {const.step_size(t) for t in range(1, rounds + 1)} == {0.4}

@@ -61,14 +61,21 @@ class DPOConfig(Section):
     lora_rank: int = Field(8, ge=1)
     lora_alpha: int = Field(16, ge=1)
     precision: Literal["fp32", "bf16"] = Field(
-        "bf16", description="bf16 autocast over fp32 weights (2.2x faster DPO steps here, benchmarks/"
-        "bench_dpo_step.py); fp32 for exact arithmetic")
-    diagnostics_every: int = Field(0, ge=0, description="kappa^2 diagnostics every K rounds (0: off; opt-in, "
-                                   "clients then send base gradients)")
+        "bf16",
+        description="bf16 autocast over fp32 weights (2.2x faster DPO steps here, benchmarks/"
+        "bench_dpo_step.py); fp32 for exact arithmetic",
+    )
+    diagnostics_every: int = Field(
+        0, ge=0, description="kappa^2 diagnostics every K rounds (0: off; opt-in, clients then send base gradients)"
+    )
     diagnostic_pairs: int = Field(4, ge=1, description="pairs per client for the diagnostic gradients")
-    spill_sum: bool = Field(False, description="keep a round's running sum of the client bases in a temporary "
-                            "file between folds: one base less in memory while a client trains, a write and a "
-                            "read of one base per client more (docs/pfeddpo.md)")
+    spill_sum: bool = Field(
+        False,
+        description="keep a round's running sum of the client bases in a temporary "
+        "file between folds: one base less in memory while a client trains, a write and a "
+        "read of one base per client more (docs/pfeddpo.md)",
+    )
+
 
 Params = dict[str, torch.Tensor]
 DIAG = "diag/"
@@ -132,8 +139,11 @@ class PFedDPO(Method[DPOServer, DPOClient]):
 
         self.personal = personal
         self.name = "pfeddpo" if personal else "feddpo"
-        self.model = (add_lora(model, rank=lora_rank, alpha=lora_alpha, seed=derive_seed(seed, "lora-init"))
-                      if personal else model)
+        self.model = (
+            add_lora(model, rank=lora_rank, alpha=lora_alpha, seed=derive_seed(seed, "lora-init"))
+            if personal
+            else model
+        )
         self.params = dict(self.model.named_parameters())
         self.adapter_names = tuple(n for n in self.params if "lora_" in n)
         self.base_names = tuple(n for n in self.params if "lora_" not in n)
@@ -188,11 +198,14 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         names = self._names(reply)
         if names != set(self.base_names):
             extra = sorted(names - set(self.base_names))
-            raise InvalidMessage(f"a reply must carry exactly the base parameters; unexpected {extra[:3]}, "
-                                 f"missing {len(set(self.base_names) - names)}.")
+            raise InvalidMessage(
+                f"a reply must carry exactly the base parameters; unexpected {extra[:3]}, "
+                f"missing {len(set(self.base_names) - names)}."
+            )
         diag = self._diag_shapes() if self._diagnose(rnd) else {}
-        reply.only(arrays=set(self.base_names) | {DIAG + k for k in diag},
-                   config={"num_examples", "loss", "base_grad_norm"})
+        reply.only(
+            arrays=set(self.base_names) | {DIAG + k for k in diag}, config={"num_examples", "loss", "base_grad_norm"}
+        )
         for n in self.base_names:
             reply.array(n, shape=tuple(server.base[n].shape), dtype=server.base[n].dtype)
         for k, shape in diag.items():  # asked for in this round: exactly these
@@ -232,17 +245,22 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         order = self.batch_order(rnd, data.cid, len(state.ref_train))
         loss, norm = self._steps(opt, data.train, state.ref_train, order, f"round {rnd}: client {data.cid}")
         self.model.zero_grad(set_to_none=True)  # the gradients are spent: free them before the reply is folded
-        new_state = DPOClient(adapter={n: self.params[n].detach().clone() for n in self.adapter_names},
-                              moments=_moments(opt, self.params, self.adapter_names),
-                              ref_train=state.ref_train, ref_eval=state.ref_eval)
+        new_state = DPOClient(
+            adapter={n: self.params[n].detach().clone() for n in self.adapter_names},
+            moments=_moments(opt, self.params, self.adapter_names),
+            ref_train=state.ref_train,
+            ref_eval=state.ref_eval,
+        )
         arrays = {n: self.params[n].detach().clone() for n in self.base_names}
         arrays.update({DIAG + k: v for k, v in diag.items()})
-        reply = Message(arrays=arrays, config={"num_examples": len(state.ref_train), "loss": loss,
-                                               "base_grad_norm": norm})
+        reply = Message(
+            arrays=arrays, config={"num_examples": len(state.ref_train), "loss": loss, "base_grad_norm": norm}
+        )
         return reply, new_state
 
-    def _steps(self, opt: torch.optim.Optimizer, tokens: dict, ref: torch.Tensor, order: torch.Tensor,
-               who: str) -> tuple[float, float]:
+    def _steps(
+        self, opt: torch.optim.Optimizer, tokens: dict, ref: torch.Tensor, order: torch.Tensor, who: str
+    ) -> tuple[float, float]:
         """E AdamW steps of batch B in ``order``, one gradient-norm clip over every trained parameter; returns the
         mean DPO loss and the mean base-gradient norm (before clipping)."""
         losses, norms = [], []
@@ -277,7 +295,9 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         for tag, ctx in (("off", self._adapters_off), ("on", _null)):
             self.model.zero_grad(set_to_none=True)
             with ctx():
-                dpo_on(self.model, data.train, state.ref_train, idx, beta=self.beta, precision=self.precision).loss.backward()
+                dpo_on(
+                    self.model, data.train, state.ref_train, idx, beta=self.beta, precision=self.precision
+                ).loss.backward()
             out[f"grad_{tag}"] = torch.cat([self.params[n].grad.reshape(-1) for n in self.base_names]).detach().clone()
             if tag == "on" and self.adapter_names:
                 out["adapter_sq"] = torch.tensor([_norm([self.params[n].grad for n in self.adapter_names]) ** 2])
@@ -291,8 +311,11 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             acc = _Fold(total={})
             acc.spill = self._spill_file(acc) if self.spill_sum else None
         if not acc.total:  # the first fold, or the sum is on disk
-            acc.total = (_read_sum(acc.spill, self.device) if acc.spill is not None and acc.spill.exists() else
-                         {n: torch.zeros_like(server.base[n]) for n in self.base_names})
+            acc.total = (
+                _read_sum(acc.spill, self.device)
+                if acc.spill is not None and acc.spill.exists()
+                else {n: torch.zeros_like(server.base[n]) for n in self.base_names}
+            )
         for n in self.base_names:
             acc.total[n].add_(reply.arrays[n], alpha=w)
         if acc.spill is not None:  # off to disk until the next reply: no sum in memory while a client trains
@@ -348,8 +371,9 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             raise ValueError(f"client {data.cid} has no reference log-probabilities: it must take part in setup.")
         self._load(msg.arrays, state.adapter or None)
         self.model.eval()
-        train_acc, train_loss = evaluate_pairs(self.model, data.train, state.ref_train, beta=self.beta,
-                                               precision=self.precision)
+        train_acc, train_loss = evaluate_pairs(
+            self.model, data.train, state.ref_train, beta=self.beta, precision=self.precision
+        )
         out = {"train_accuracy": train_acc, "train_loss": train_loss, "num_examples": float(len(state.ref_train))}
         if state.ref_eval is not None:
             acc, loss = evaluate_pairs(self.model, data.eval, state.ref_eval, beta=self.beta, precision=self.precision)
@@ -362,10 +386,12 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         return {}
 
     def summary(self, server: DPOServer) -> dict[str, Any]:
-        return {"adapters": "private LoRA, never uploaded" if self.personal else "none",
-                "adapter_parameters_per_client": sum(self.params[n].numel() for n in self.adapter_names),
-                "base_parameters": sum(t.numel() for t in server.base.values()),
-                "diagnostics_sent": bool(self.diagnostics_every)}
+        return {
+            "adapters": "private LoRA, never uploaded" if self.personal else "none",
+            "adapter_parameters_per_client": sum(self.params[n].numel() for n in self.adapter_names),
+            "base_parameters": sum(t.numel() for t in server.base.values()),
+            "diagnostics_sent": bool(self.diagnostics_every),
+        }
 
 
 class CentralizedDPO(PFedDPO):
@@ -405,10 +431,11 @@ class CentralizedDPO(PFedDPO):
     def aggregate_setup(self, server: DPOServer, replies: dict[int, Message]) -> DPOServer:
         widths = {r.arrays[f"pool/{POOL_TOKENS[0]}"].shape[-1] for r in replies.values()}
         if len(widths) > 1:  # only without pair_length: each reply was fine alone, the pool needs one width
-            raise ValueError(f"the clients' pairs have different lengths {sorted(widths)}; set one "
-                                 "data.max_length for every client.")
+            raise ValueError(
+                f"the clients' pairs have different lengths {sorted(widths)}; set one data.max_length for every client."
+            )
         keys = sorted({k for r in replies.values() for k in r.arrays})
-        pool = {k[len("pool/"):]: torch.cat([replies[c].arrays[k] for c in sorted(replies)]) for k in keys}
+        pool = {k[len("pool/") :]: torch.cat([replies[c].arrays[k] for c in sorted(replies)]) for k in keys}
         return DPOServer(base=server.base, round=server.round, pool=pool)
 
     def client_fit(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
@@ -426,8 +453,7 @@ class CentralizedDPO(PFedDPO):
         order = self.batch_order(rnd, -1, len(ref))
         loss, norm = self._steps(opt, pool, ref, order, f"round {rnd}: centralized DPO")
         base = {n: self.params[n].detach().clone() for n in self.base_names}
-        return (DPOServer(base=base, round=rnd, pool=server.pool),
-                {"loss": loss, "base_grad_norm": norm})
+        return (DPOServer(base=base, round=rnd, pool=server.pool), {"loss": loss, "base_grad_norm": norm})
 
 
 # ----- small pure helpers ---------------------------------------------------------------------------------
@@ -450,6 +476,8 @@ def adamw(params: list[torch.Tensor], *, lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
     except (RuntimeError, ValueError):
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+
+
 def _adapted(name: str) -> bool:
     """A base weight that sits under a LoRA adapter (PEFT renames it ``...<proj>.base_layer.weight``)."""
     return ".base_layer." in name
@@ -515,13 +543,26 @@ def _kappa(diag: dict[str, Any]) -> Metrics:
 
 
 def build_dpo_method(setup: Any) -> PFedDPO | CentralizedDPO:
-    """pFedDPO, vanilla FedDPO or centralized DPO on a preference setup (:class:`fedtailor.lm.setup.PreferenceSetup`)."""
+    """pFedDPO, vanilla FedDPO or centralized DPO on a preference setup
+    (:class:`fedtailor.lm.setup.PreferenceSetup`)."""
     m = setup.cfg.method
-    kw = dict(model=setup.model, beta=m.beta, lr=m.lr, local_steps=m.local_steps, batch_size=m.batch_size,
-              grad_clip=m.grad_clip, seed=setup.cfg.seed, rounds=setup.cfg.federation.rounds, precision=m.precision,
-              lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, diagnostics_every=m.diagnostics_every,
-              diagnostic_pairs=m.diagnostic_pairs, spill_sum=m.spill_sum,
-              train_sizes={cid: len(d.train["chosen_ids"]) for cid, d in setup.clients.items()})
+    kw = {
+        "model": setup.model,
+        "beta": m.beta,
+        "lr": m.lr,
+        "local_steps": m.local_steps,
+        "batch_size": m.batch_size,
+        "grad_clip": m.grad_clip,
+        "seed": setup.cfg.seed,
+        "rounds": setup.cfg.federation.rounds,
+        "precision": m.precision,
+        "lora_rank": m.lora_rank,
+        "lora_alpha": m.lora_alpha,
+        "diagnostics_every": m.diagnostics_every,
+        "diagnostic_pairs": m.diagnostic_pairs,
+        "spill_sum": m.spill_sum,
+        "train_sizes": {cid: len(d.train["chosen_ids"]) for cid, d in setup.clients.items()},
+    }
     if m.name == "dpo-central":
         return CentralizedDPO(pair_length=setup.cfg.data.max_length, **kw)
     return PFedDPO(personal=m.name == "pfeddpo", **kw)

@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("peft")
 
-from fedtailor.fl.loop import run_federated, start  # noqa: E402
-from fedtailor.fl.records import ClientData, InvalidMessage, Message  # noqa: E402
-from fedtailor.lm.model import tiny_llama  # noqa: E402
-from fedtailor.lm.preference import PreferencePair, tokenize_pairs  # noqa: E402
-from fedtailor.methods.dpo.pfeddpo import CentralizedDPO, PFedDPO  # noqa: E402
+from fedtailor.fl.loop import run_federated, start
+from fedtailor.fl.records import ClientData, InvalidMessage, Message
+from fedtailor.lm.model import tiny_llama
+from fedtailor.lm.preference import PreferencePair, tokenize_pairs
+from fedtailor.methods.dpo.pfeddpo import CentralizedDPO, PFedDPO
 
 
 class CharTokenizer:
@@ -29,8 +29,11 @@ def _clients(n: int = 3, pairs: int = 8) -> dict[int, ClientData]:
     out = {}
     for cid in range(n):
         # each client prefers its own word: personal preferences that differ
-        mk = lambda: PreferencePair(prompt=f"q{rng.integers(10)}:", chosen=f" {words[cid]}",  # noqa: E731
-                                    rejected=f" {words[(cid + 1 + rng.integers(n)) % len(words)]}")
+        mk = lambda: PreferencePair(
+            prompt=f"q{rng.integers(10)}:",
+            chosen=f" {words[cid]}",
+            rejected=f" {words[(cid + 1 + rng.integers(n)) % len(words)]}",
+        )
         train = tokenize_pairs(CharTokenizer(), [mk() for _ in range(pairs)], max_length=16)
         held = tokenize_pairs(CharTokenizer(), [mk() for _ in range(4)], max_length=16)
         out[cid] = ClientData(cid=cid, seen=True, train=train, eval=held)
@@ -38,8 +41,18 @@ def _clients(n: int = 3, pairs: int = 8) -> dict[int, ClientData]:
 
 
 def _method(personal: bool = True, **kw) -> PFedDPO:
-    args = dict(model=tiny_llama(seed=3), beta=0.5, lr=3e-3, local_steps=2, batch_size=4, grad_clip=1.0, seed=0,
-                rounds=6, lora_rank=2, lora_alpha=4)
+    args = {
+        "model": tiny_llama(seed=3),
+        "beta": 0.5,
+        "lr": 3e-3,
+        "local_steps": 2,
+        "batch_size": 4,
+        "grad_clip": 1.0,
+        "seed": 0,
+        "rounds": 6,
+        "lora_rank": 2,
+        "lora_alpha": 4,
+    }
     args.update(kw)
     return PFedDPO(personal=personal, **args)
 
@@ -59,8 +72,10 @@ def test_only_the_base_is_uploaded_and_the_adapter_stays_on_its_client():
         assert states[cid].adapter and states[cid].moments  # the adapter and its AdamW moments stay
     assert any(not torch.equal(states[0].adapter[n], method.adapter0[n]) for n in method.adapter_names)
     # a reply that smuggles an adapter tensor is refused
-    leak = Message(arrays={**replies[0].arrays, method.adapter_names[0]: states[0].adapter[method.adapter_names[0]]},
-                   config=replies[0].config)
+    leak = Message(
+        arrays={**replies[0].arrays, method.adapter_names[0]: states[0].adapter[method.adapter_names[0]]},
+        config=replies[0].config,
+    )
     with pytest.raises(InvalidMessage, match="exactly the base"):
         method.validate_reply(state.server, "fit", 1, 0, leak)
     # aggregation is the mean of the client bases (equal pair counts)
@@ -91,8 +106,16 @@ def test_a_short_pfeddpo_run_lowers_the_loss_and_raises_training_reward_accuracy
 
 
 def test_centralized_dpo_trains_one_model_on_the_pooled_pairs():
-    args = dict(model=tiny_llama(seed=3), beta=0.5, lr=3e-3, local_steps=2, batch_size=4, grad_clip=1.0, seed=0,
-                rounds=6)
+    args = {
+        "model": tiny_llama(seed=3),
+        "beta": 0.5,
+        "lr": 3e-3,
+        "local_steps": 2,
+        "batch_size": 4,
+        "grad_clip": 1.0,
+        "seed": 0,
+        "rounds": 6,
+    }
     method, clients = CentralizedDPO(**args), _clients()
     result = run_federated(method, clients, np.tile(np.arange(3), (6, 1)), eval_every=6, progress=False)
     assert len(result.state.server.pool["ref"]) == 24  # 3 clients x 8 pairs pooled once
@@ -165,9 +188,17 @@ def test_a_round_cut_short_between_folds_leaves_no_spill_folder(tmp_path, monkey
     setup = SimpleNamespace(clients=_clients(), schedule=np.tile(np.arange(3), (2, 1)))
     monkeypatch.setattr(runner, "build_setup", lambda cfg: setup)
     monkeypatch.setattr(runner, "build_method", lambda s: method)
-    cfg = load_config(None, ['method.name="pfeddpo"', "data.num_clients=3", "data.num_unseen=0",
-                             "federation.rounds=2", "federation.clients_per_round=3",
-                             "method.spill_sum=true"])
+    cfg = load_config(
+        None,
+        [
+            'method.name="pfeddpo"',
+            "data.num_clients=3",
+            "data.num_unseen=0",
+            "federation.rounds=2",
+            "federation.clients_per_round=3",
+            "method.spill_sum=true",
+        ],
+    )
     with pytest.raises((RuntimeError, RunInterrupted)):
         runner.run_experiment(cfg, tmp_path / "run", progress=False)
     assert [p.name for p in spilled] == ["sum.safetensors"]

@@ -51,8 +51,9 @@ class APFL(LocalTraining):
         """``alpha v + (1 - alpha) w`` by parameter name (``alpha``: a scalar for one client)."""
         return {n: alpha * v[n] + (1 - alpha) * w[n] for n in self.names}
 
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         keys = {f"{PERSONAL}{n}": n for n in self.names}
 
         def loss(p: Params, aux: Params, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:

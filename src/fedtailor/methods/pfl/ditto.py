@@ -36,15 +36,17 @@ class Ditto(LocalTraining):
     def init_extra(self) -> Params:
         return {n: t.clone() for n, t in self.theta0.items()}  # v_i starts at the common initialisation
 
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         anchor = {n: theta[n].detach() for n in self.names}  # w^t as the client starts the round
 
         def personal_loss(v: Params, w: Params, x, y):
             return self.ce_loss(v, w, x, y) + prox_term(v, w, self.lam)
 
-        personal, _ = self.sgd(extra, data, rnd, loss=personal_loss, aux=anchor, epochs=self.personal_epochs,
-                               tag=("personal",))
+        personal, _ = self.sgd(
+            extra, data, rnd, loss=personal_loss, aux=anchor, epochs=self.personal_epochs, tag=("personal",)
+        )
         theta, loss = self.sgd(theta, data, rnd)
         return theta, personal, loss
 

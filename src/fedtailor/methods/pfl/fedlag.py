@@ -143,13 +143,16 @@ class FedLAG(Method[LagState, PersonalState]):
         self.layers = layer_units(base.model, unit)
         self.candidates = [i for i, lay in enumerate(self.layers) if not set(lay) & base.own_personal]
         if not 0 <= top_k <= len(self.candidates):
-            raise ValueError(f"top_k={top_k} but the model has {len(self.candidates)} candidate layers (unit "
-                             f"{unit!r}, outside {base.name}'s own personal part); choose 0 <= top_k <= "
-                             f"{len(self.candidates)}.")
+            raise ValueError(
+                f"top_k={top_k} but the model has {len(self.candidates)} candidate layers (unit "
+                f"{unit!r}, outside {base.name}'s own personal part); choose 0 <= top_k <= "
+                f"{len(self.candidates)}."
+            )
         self.top_k, self.xi, self.update, self.rechoose, self.choice = top_k, xi, update, rechoose, choice
         if cap is not None and cap < 1:
-            raise ValueError(f"cap={cap}: a client must be allowed at least one conflicting pair (or none: "
-                             "the plain pair count).")
+            raise ValueError(
+                f"cap={cap}: a client must be allowed at least one conflicting pair (or none: the plain pair count)."
+            )
         self.cap = cap
         self.warmup = min(base.rounds // 2, 30) if warmup is None else warmup
         if not 0 <= self.warmup <= base.rounds:
@@ -208,23 +211,23 @@ class FedLAG(Method[LagState, PersonalState]):
 
     def validate_reply(self, server: LagState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         want = self._report_names(server, rnd)
-        got = {n[len(REPORT):] for n in reply.arrays if n.startswith(REPORT)}
+        got = {n[len(REPORT) :] for n in reply.arrays if n.startswith(REPORT)}
         if got != want:
-            raise InvalidMessage(f"reply must report updates of exactly {len(want)} layers' parameters; got "
-                                 f"{sorted(got ^ want)[:5]} wrong.")
+            raise InvalidMessage(
+                f"reply must report updates of exactly {len(want)} layers' parameters; got "
+                f"{sorted(got ^ want)[:5]} wrong."
+            )
         for n in want:
             reply.array(REPORT + n, shape=tuple(self.base.shapes[n]))
         self.base.validate_reply(server.base, phase, rnd, cid, _without_reports(reply))
 
-    def aggregate_fit(self, server: LagState, rnd: int,
-                      replies: dict[int, Message]) -> tuple[LagState, Metrics]:
+    def aggregate_fit(self, server: LagState, rnd: int, replies: dict[int, Message]) -> tuple[LagState, Metrics]:
         scores, per_round, chosen = list(server.scores), list(server.per_round), server.chosen
         if self.scoring(rnd):
             counts = []
             for j in range(len(self.candidates)):
                 layer = self.layers[self.candidates[j]]
-                rows = [torch.cat([self._update(server, r, n).reshape(-1) for n in layer])
-                        for r in replies.values()]
+                rows = [torch.cat([self._update(server, r, n).reshape(-1) for n in layer]) for r in replies.values()]
                 counts.append(self.layer_score(torch.stack(rows)))
             scores = [s + c for s, c in zip(scores, counts)]
             per_round.append(counts)
@@ -248,12 +251,12 @@ class FedLAG(Method[LagState, PersonalState]):
     def init_client(self, cid: int) -> PersonalState:
         return self.base.init_client(cid)
 
-    def client_fit(self, msg: Message, state: PersonalState | None,
-                   data: ClientData) -> tuple[Message, PersonalState]:
+    def client_fit(self, msg: Message, state: PersonalState | None, data: ClientData) -> tuple[Message, PersonalState]:
         return self.client_fit_many({data.cid: msg}, {data.cid: state}, {data.cid: data})[data.cid]
 
-    def client_fit_many(self, msgs: dict[int, Message], states: dict[int, PersonalState | None],
-                        data: dict[int, ClientData]) -> dict[int, tuple[Message, PersonalState]]:
+    def client_fit_many(
+        self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
+    ) -> dict[int, tuple[Message, PersonalState]]:
         """The base's fit (vectorized when the base is), then each client's requested reports."""
         starts = {c: self.base.start_model(msgs[c], states.get(c)) for c in msgs}
         out = self.base.client_fit_many(msgs, states, data)
@@ -275,8 +278,7 @@ class FedLAG(Method[LagState, PersonalState]):
         :meth:`validate_reply` expects); the base's own head stays on the client."""
         return tuple(n for n in self.base.names if n not in received and n not in self.base.own_personal)
 
-    def _last_batch_gradient(self, params: dict[str, torch.Tensor],
-                             data: ClientData) -> dict[str, torch.Tensor]:
+    def _last_batch_gradient(self, params: dict[str, torch.Tensor], data: ClientData) -> dict[str, torch.Tensor]:
         """Gradient of the mean cross-entropy of the client's last ``batch_size`` training records (storage
         order) at ``params``, for the candidate layers."""
         x, y = data.train
@@ -292,9 +294,13 @@ class FedLAG(Method[LagState, PersonalState]):
 
     def summary(self, server: LagState) -> dict[str, Any]:
         names = ["+".join(self.layers[i]) for i in self.candidates]
-        out = {"fedlag_candidates": names, "fedlag_scores": server.scores,
-               "fedlag_personal": [names[j] for j in server.chosen], "fedlag_warmup": self.warmup,
-               "fedlag_conflicts_per_round": server.per_round}
+        out = {
+            "fedlag_candidates": names,
+            "fedlag_scores": server.scores,
+            "fedlag_personal": [names[j] for j in server.chosen],
+            "fedlag_warmup": self.warmup,
+            "fedlag_conflicts_per_round": server.per_round,
+        }
         out = {**self.base.summary(server.base), **out}
         return out if self.cap is None else {**out, "fedlag_cap": self.cap}
 

@@ -9,16 +9,27 @@ import torch
 from fedtailor.config import load_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.loop import run_federated
+from fedtailor.fl.method import Method
 from fedtailor.fl.registry import fedlag_bases
 from fedtailor.methods.pfl.fedlag import FedLAG, capped_conflicts, conflict_counts, conflict_matrix
-from fedtailor.fl.method import Method
 from fedtailor.methods.pfl.local import WRAPPER_API, LocalTraining
 
-BASE = ['data.dataset="digits"', "data.num_clients=5", "data.num_unseen=0", "data.context_size=0",
-        "data.eval_fraction=0.25", 'data.scheme="dirichlet-per-class"', "data.alpha=0.3",
-        "data.min_records=40",
-        "federation.rounds=4", "federation.clients_per_round=5", 'method.model="mlp"', "method.lr=0.1",
-        "method.batch_size=16", "seed=5"]
+BASE = [
+    'data.dataset="digits"',
+    "data.num_clients=5",
+    "data.num_unseen=0",
+    "data.context_size=0",
+    "data.eval_fraction=0.25",
+    'data.scheme="dirichlet-per-class"',
+    "data.alpha=0.3",
+    "data.min_records=40",
+    "federation.rounds=4",
+    "federation.clients_per_round=5",
+    'method.model="mlp"',
+    "method.lr=0.1",
+    "method.batch_size=16",
+    "seed=5",
+]
 LAG = ["method.fedlag.top_k=2", "method.fedlag.warmup=2"]
 
 
@@ -68,8 +79,10 @@ def test_personal_layers_are_never_sent_nor_averaged_and_shared_ones_reach_every
         msg = method.configure_fit(server, 4, cid)
         assert not set(msg.arrays) & (personal | method.base.own_personal)
     # the clients' personal copies differ from each other (they train alone), the shared ones are equal
-    evals = [method.base.start_model(method.configure_evaluate(server, c), result.state.clients[c])[0]
-             for c in sorted(setup.clients)]
+    evals = [
+        method.base.start_model(method.configure_evaluate(server, c), result.state.clients[c])[0]
+        for c in sorted(setup.clients)
+    ]
     for n in method.base.names:
         same = all(torch.equal(evals[0][n], e[n]) for e in evals[1:])
         if n in personal:
@@ -83,15 +96,17 @@ def test_the_choice_is_the_top_k_by_score_with_ties_to_the_earlier_layer_and_fix
     method = build_method(setup)
     assert method.choose([1, 5, 5, 0, 2, 5]) == (1, 2)
     for choice, want in (("first", (0, 1)), ("middle", (2, 3)), ("last", (4, 5))):
-        fixed = build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG,
-                                                            f'method.fedlag.choice="{choice}"'])))
+        fixed = build_method(
+            build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG, f'method.fedlag.choice="{choice}"']))
+        )
         assert fixed.choose([9, 9, 9, 9, 9, 9]) == want
     with pytest.raises(ValueError, match="top_k=9"):
         build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', "method.fedlag.top_k=9"])))
 
 
-@pytest.mark.parametrize("option", ['method.fedlag.update="gradient"', "method.fedlag.rechoose=true",
-                                    'method.fedlag.unit="module"'])
+@pytest.mark.parametrize(
+    "option", ['method.fedlag.update="gradient"', "method.fedlag.rechoose=true", 'method.fedlag.unit="module"']
+)
 def test_options_run_and_report_their_scores(option):
     _, method, result = _run("fedavg", *LAG, option)
     summary = method.summary(result.state.server)
@@ -114,8 +129,9 @@ def test_a_reply_without_its_requested_reports_is_refused():
     method.validate_reply(server, "fit", 4, cid, reply)
     from fedtailor.fl.records import InvalidMessage, Message
 
-    stripped = Message(arrays={n: t for n, t in reply.arrays.items() if not n.startswith("report/")},
-                       config=reply.config)
+    stripped = Message(
+        arrays={n: t for n, t in reply.arrays.items() if not n.startswith("report/")}, config=reply.config
+    )
     with pytest.raises(InvalidMessage, match="report"):
         method.validate_reply(server, "fit", 4, cid, stripped)
 
@@ -144,16 +160,16 @@ def test_rechoose_with_round_deltas_reports_exactly_the_fedlag_personal_layers_o
     def spy_fit(msgs, states, data):
         out = fit_many(msgs, states, data)
         for c, (reply, _) in out.items():
-            reports.append((int(msgs[c].config["round"]),
-                            {n[len("report/"):] for n in reply.arrays if n.startswith("report/")}))
+            reports.append(
+                (int(msgs[c].config["round"]), {n[len("report/") :] for n in reply.arrays if n.startswith("report/")})
+            )
         return out
 
     def spy_aggregate(server, rnd, replies):
         new, metrics = aggregate(server, rnd, replies)
         personal_at[rnd] = server.base.personal
         shared = method.base.shared_names(server.base)
-        moved[rnd] = len(shared) > 0 and all(not torch.equal(new.base.params[n], server.base.params[n])
-                                             for n in shared)
+        moved[rnd] = len(shared) > 0 and all(not torch.equal(new.base.params[n], server.base.params[n]) for n in shared)
         return new, metrics
 
     method.client_fit_many, method.aggregate_fit = spy_fit, spy_aggregate
@@ -201,8 +217,7 @@ def test_the_capped_score_is_the_fractional_cap_matching_and_the_plain_count_whe
 
     g = torch.Generator().manual_seed(2)
     for _ in range(60):
-        n, cap, xi = (int(torch.randint(2, 11, (1,), generator=g)),
-                      int(torch.randint(1, 5, (1,), generator=g)), 0.2)
+        n, cap, xi = (int(torch.randint(2, 11, (1,), generator=g)), int(torch.randint(1, 5, (1,), generator=g)), 0.2)
         h = torch.randn(n, 3, generator=g)
         c = conflict_matrix(h, xi=xi)
         assert torch.equal(c, c.T) and not c.diagonal().any()
@@ -224,16 +239,15 @@ def test_the_capped_score_is_the_fractional_cap_matching_and_the_plain_count_whe
 def test_without_an_adversary_the_capped_score_picks_the_same_layers_as_the_plain_count():
     setup = build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG]))
     plain = build_method(setup)
-    capped = build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG,
-                                                         "method.fedlag.cap=2"])))
+    capped = build_method(build_setup(load_config(None, [*BASE, 'method.name="fedavg"', *LAG, "method.fedlag.cap=2"])))
     assert (plain.cap, capped.cap) == (None, 2) and len(plain.candidates) == 6
     e = torch.tensor([1.0, 0.0])
     layers = [
-        torch.stack([e] * 8),                                             # all agree: 0 conflicts
-        torch.stack([e] * 4 + [-e] * 4),                                  # two camps of 4: 16 pairs, 4 each
+        torch.stack([e] * 8),  # all agree: 0 conflicts
+        torch.stack([e] * 4 + [-e] * 4),  # two camps of 4: 16 pairs, 4 each
         torch.stack([torch.tensor([1.0, 2.0]), torch.tensor([1.0, -2.0])] + [e] * 6),  # one pair
-        torch.stack([-e] * 2 + [e] * 6),                                  # 2 against 6: 12 pairs
-        torch.stack([e] * 7 + [torch.zeros(2)]),                          # a zero update: 0
+        torch.stack([-e] * 2 + [e] * 6),  # 2 against 6: 12 pairs
+        torch.stack([e] * 7 + [torch.zeros(2)]),  # a zero update: 0
         torch.stack([e] * 6 + [torch.tensor([-1.0, 1.0]), torch.tensor([0.0, 1.0])]),  # one client against 6
     ]
     plain_scores = [plain.layer_score(h) for h in layers]
@@ -276,13 +290,25 @@ class _OnlyThePublicInterface:
 
 @pytest.mark.parametrize("update", ["delta", "gradient"])
 def test_fedlag_uses_only_the_public_interface_of_its_base_and_keeps_its_summary(update):
-    setup = build_setup(load_config(None, [*BASE, 'method.name="fedrod"', *LAG, "method.fedlag.rechoose=true",
-                                           f'method.fedlag.update="{update}"']))
+    setup = build_setup(
+        load_config(
+            None,
+            [*BASE, 'method.name="fedrod"', *LAG, "method.fedlag.rechoose=true", f'method.fedlag.update="{update}"'],
+        )
+    )
     ref = build_method(setup)
     base = ref.base
     base.summary = lambda server: {"base_fact": len(server.params)}  # a base that reports something
-    wrapped = FedLAG(_OnlyThePublicInterface(base), top_k=2, xi=0.0, warmup=2, unit="tensor",
-                     update=update, rechoose=True, choice="conflict")
+    wrapped = FedLAG(
+        _OnlyThePublicInterface(base),
+        top_k=2,
+        xi=0.0,
+        warmup=2,
+        unit="tensor",
+        update=update,
+        rechoose=True,
+        choice="conflict",
+    )
     result = run_federated(wrapped, setup.clients, setup.schedule, eval_every=2, progress=False)
     summary = wrapped.summary(result.state.server)
     assert summary["base_fact"] == len(result.state.server.base.params)

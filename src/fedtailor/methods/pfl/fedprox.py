@@ -31,8 +31,9 @@ class FedProx(LocalTraining):
         super().__init__(**kw)
         self.mu = mu
 
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         def loss(p: Params, anchor: Params, x, y):
             return self.ce_loss(p, anchor, x, y) + prox_term(p, anchor, self.mu)
 

@@ -31,8 +31,9 @@ class FedRep(LocalTraining):
         self.own_personal = head_names(self.model)
         self.body = frozenset(self.names) - self.own_personal
 
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         theta, _ = self.sgd(theta, data, rnd, trainable=self.own_personal, epochs=self.head_epochs, tag=("head",))
         theta, loss = self.sgd(theta, data, rnd, trainable=self.body)
         return theta, extra, loss

@@ -58,10 +58,11 @@ class FedRoD(LocalTraining):
 
     def _personal(self, phi: Params, rep: torch.Tensor) -> torch.Tensor:
         prefix = self.head + "."
-        return functional_call(self.head_mod, {n[len(prefix):]: t for n, t in phi.items()}, (rep,))
+        return functional_call(self.head_mod, {n[len(prefix) :]: t for n, t in phi.items()}, (rep,))
 
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         classes = self.num_classes(data)
         log_counts = per_client(data, lambda d: torch.bincount(d.train[1], minlength=classes).to(torch.float32).log())
         keys = {f"personal/{n}": n for n in self.head_params}

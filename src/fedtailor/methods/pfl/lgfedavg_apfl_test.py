@@ -102,14 +102,23 @@ def test_vectorized_round_equals_one_client_after_another(cls):
             torch.testing.assert_close(together[c][1].extra[n], t, rtol=1e-5, atol=1e-6)
 
 
-SMALL = ['data.dataset="digits"', "data.num_clients=4", "data.num_unseen=0", "data.context_size=0",
-         "data.eval_fraction=0.25", "federation.rounds=3", "federation.clients_per_round=3", 'method.model="mlp"']
+SMALL = [
+    'data.dataset="digits"',
+    "data.num_clients=4",
+    "data.num_unseen=0",
+    "data.context_size=0",
+    "data.eval_fraction=0.25",
+    "federation.rounds=3",
+    "federation.clients_per_round=3",
+    'method.model="mlp"',
+]
 
 
 @pytest.mark.parametrize("name", ["lgfedavg", "apfl"])
 def test_runs_under_fedlag_and_the_chosen_layers_stay_personal(name):
-    setup = build_setup(load_config(None, [*SMALL, f'method.name="{name}"', "method.fedlag.top_k=1",
-                                           "method.fedlag.warmup=1"]))
+    setup = build_setup(
+        load_config(None, [*SMALL, f'method.name="{name}"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"])
+    )
     method = build_method(setup)
     assert isinstance(method, FedLAG) and method.base.name == name
     result = run_federated(method, setup.clients, setup.schedule, progress=False)

@@ -58,11 +58,15 @@ class FedLAGConfig(Section):
     update: Literal["delta", "gradient"] = Field("delta", description="round delta or last-minibatch gradient")
     rechoose: bool = Field(False, description="keep scoring after the warm-up and re-choose every round")
     choice: Literal["conflict", "first", "middle", "last"] = Field(
-        "conflict", description="top-k by conflict score, or a fixed First/Middle/Last-K for comparison")
+        "conflict", description="top-k by conflict score, or a fixed First/Middle/Last-K for comparison"
+    )
     cap: int | None = Field(
-        None, ge=1, description="robust score: no client takes part in more than cap of a layer's counted "
+        None,
+        ge=1,
+        description="robust score: no client takes part in more than cap of a layer's counted "
         "conflicting pairs in a round, so one client moves a score by at most cap (docs/fedlag.md); none: "
-        "the paper's plain pair count")
+        "the paper's plain pair count",
+    )
 
 
 class LocalSGDConfig(Section):
@@ -75,18 +79,28 @@ class LocalSGDConfig(Section):
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     vectorize: bool | Literal["auto"] = Field(
-        "auto", description="run the clients of a round together (torch.func.vmap over stacked client models); "
+        "auto",
+        description="run the clients of a round together (torch.func.vmap over stacked client models); "
         "false: one client after another (same results to float rounding); auto: together except convolutional "
-        "models on the CPU, where it is slower (docs/pfl.md)")
+        "models on the CPU, where it is slower (docs/pfl.md)",
+    )
     update_bound: float | None = Field(
-        None, gt=0, description="bound on the norm of each client's shared update theta_i - theta_g (none: off); "
-        "a longer update is rejected or clipped (update_bound_mode), which bounds one client's influence")
+        None,
+        gt=0,
+        description="bound on the norm of each client's shared update theta_i - theta_g (none: off); "
+        "a longer update is rejected or clipped (update_bound_mode), which bounds one client's influence",
+    )
     update_bound_mode: Literal["reject", "clip"] = "reject"
     fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
 
 
-def register_base(config: type[LocalSGDConfig], method: Callable[..., LocalTraining], options: tuple[str, ...] = (),
-                  *, fedlag: bool = True) -> MethodSpec:
+def register_base(
+    config: type[LocalSGDConfig],
+    method: Callable[..., LocalTraining],
+    options: tuple[str, ...] = (),
+    *,
+    fedlag: bool = True,
+) -> MethodSpec:
     """Register a parameter-sharing base: its name is ``config``'s ``name`` default, its builder calls
     ``method(**common, **{o: cfg.o for o in options})`` with the options every base has, and wraps it in
     FedLAG when the config has a ``[method.fedlag]`` section (``fedlag``: FedLAG can wrap it)."""
@@ -94,18 +108,37 @@ def register_base(config: type[LocalSGDConfig], method: Callable[..., LocalTrain
 
     def build(setup: Any) -> Method:
         m = setup.cfg.method
-        base = method(model_fn=setup.model_fn(m.model), lr=m.lr, local_epochs=m.local_epochs,
-                      batch_size=m.batch_size, momentum=m.momentum, seed=setup.cfg.seed, device=setup.device,
-                      rounds=setup.cfg.federation.rounds, vectorize=m.vectorize, train_sizes=train_sizes(setup.clients),
-                      update_bound=m.update_bound, update_bound_mode=m.update_bound_mode,
-                      **{o: getattr(m, o) for o in options})
+        base = method(
+            model_fn=setup.model_fn(m.model),
+            lr=m.lr,
+            local_epochs=m.local_epochs,
+            batch_size=m.batch_size,
+            momentum=m.momentum,
+            seed=setup.cfg.seed,
+            device=setup.device,
+            rounds=setup.cfg.federation.rounds,
+            vectorize=m.vectorize,
+            train_sizes=train_sizes(setup.clients),
+            update_bound=m.update_bound,
+            update_bound_mode=m.update_bound_mode,
+            **{o: getattr(m, o) for o in options},
+        )
         if m.fedlag is None:
             return base
         from fedtailor.methods.pfl.fedlag import FedLAG
 
         f = m.fedlag
-        return FedLAG(base, top_k=f.top_k, xi=f.xi, warmup=f.warmup, unit=f.unit, update=f.update,
-                      rechoose=f.rechoose, choice=f.choice, cap=f.cap)
+        return FedLAG(
+            base,
+            top_k=f.top_k,
+            xi=f.xi,
+            warmup=f.warmup,
+            unit=f.unit,
+            update=f.update,
+            rechoose=f.rechoose,
+            choice=f.choice,
+            cap=f.cap,
+        )
 
     return register_method(name, config=config, build=build, family="pfl", data="images", fedlag=fedlag)
 
@@ -148,8 +181,9 @@ def per_client(data: ClientData | ClientBatch, fn: Callable[[ClientData], torch.
 #: layers; never its values); ``names`` (parameter names in order); ``shapes`` (name -> shape); ``own_personal``
 #: (the base's own personal part ``O``); :meth:`~LocalTraining.start_model` (a client's starting model from a
 #: message) and :meth:`~LocalTraining.logits`. Tested: FedLAG runs on a base that exposes nothing else.
-WRAPPER_API = frozenset({"name", "rounds", "batch_size", "model", "names", "shapes", "own_personal", "start_model",
-                         "logits"})
+WRAPPER_API = frozenset(
+    {"name", "rounds", "batch_size", "model", "names", "shapes", "own_personal", "start_model", "logits"}
+)
 
 
 class LocalTraining(Method[SharedState, PersonalState]):
@@ -191,8 +225,9 @@ class LocalTraining(Method[SharedState, PersonalState]):
         self.own_personal: frozenset[str] = frozenset()
 
     # ----- what subclasses change ---------------------------------------------------------------------
-    def local_program(self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch,
-                      rnd: int) -> tuple[Params, Params, Any]:
+    def local_program(
+        self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
+    ) -> tuple[Params, Params, Any]:
         """The client's local work of round ``rnd`` from its starting model ``theta`` (``received`` holds the
         just-received global values of the shared names). Returns the new model, new extra state and the mean
         training loss. Default: ``local_epochs`` of SGD on cross-entropy over every parameter (FedAvg).
@@ -221,18 +256,39 @@ class LocalTraining(Method[SharedState, PersonalState]):
     def batches(self, rnd: int, cid: int, *tag: Any) -> torch.Generator:
         return torch_generator(self.seed, "batches", rnd, cid, *tag, device=self.device)
 
-    def sgd(self, theta: Params, data: ClientData | ClientBatch, rnd: int, *, trainable: frozenset[str] | None = None,
-            epochs: int | None = None, loss: LossFn | None = None, aux: Params | None = None,
-            tag: tuple[Any, ...] = (), project: Callable[[Params], Params] | None = None) -> tuple[Params, Any]:
+    def sgd(
+        self,
+        theta: Params,
+        data: ClientData | ClientBatch,
+        rnd: int,
+        *,
+        trainable: frozenset[str] | None = None,
+        epochs: int | None = None,
+        loss: LossFn | None = None,
+        aux: Params | None = None,
+        tag: tuple[Any, ...] = (),
+        project: Callable[[Params], Params] | None = None,
+    ) -> tuple[Params, Any]:
         """SGD of one client, or of a :class:`ClientBatch` at once (``theta`` and ``aux`` then stacked along a
         leading client axis; the loss is written for one client either way)."""
-        kw = dict(trainable=self.names if trainable is None else trainable, aux=aux, batch_size=self.batch_size,
-                  epochs=self.local_epochs if epochs is None else epochs, lr=self.lr, momentum=self.momentum,
-                  project=project)
+        kw = {
+            "trainable": self.names if trainable is None else trainable,
+            "aux": aux,
+            "batch_size": self.batch_size,
+            "epochs": self.local_epochs if epochs is None else epochs,
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "project": project,
+        }
         if isinstance(data, ClientBatch):
-            return batched_sgd(loss or self.ce_loss, theta, [d.train[0] for d in data.clients],
-                               [d.train[1] for d in data.clients],
-                               generators=[self.batches(rnd, d.cid, *tag) for d in data.clients], **kw)
+            return batched_sgd(
+                loss or self.ce_loss,
+                theta,
+                [d.train[0] for d in data.clients],
+                [d.train[1] for d in data.clients],
+                generators=[self.batches(rnd, d.cid, *tag) for d in data.clients],
+                **kw,
+            )
         x, y = data.train
         return functional_sgd(loss or self.ce_loss, theta, x, y, generator=self.batches(rnd, data.cid, *tag), **kw)
 
@@ -251,8 +307,9 @@ class LocalTraining(Method[SharedState, PersonalState]):
         expected = self.shared_names(server)
         if set(reply.arrays) != set(expected):
             missing, extra = sorted(set(expected) - set(reply.arrays)), sorted(set(reply.arrays) - set(expected))
-            raise InvalidMessage(f"reply must carry exactly the shared parameters; missing {missing[:5]}, "
-                                 f"unexpected {extra[:5]}.")
+            raise InvalidMessage(
+                f"reply must carry exactly the shared parameters; missing {missing[:5]}, unexpected {extra[:5]}."
+            )
         reply.only(arrays=set(expected), config={"num_examples", "loss"})
         for n in expected:
             reply.array(n, shape=tuple(self.theta0[n].shape), dtype=self.theta0[n].dtype)
@@ -265,13 +322,16 @@ class LocalTraining(Method[SharedState, PersonalState]):
 
     def _update_norm(self, server: SharedState, reply: Message) -> float:
         """``||theta_i[S] - theta_g[S]||`` of a reply, in float64."""
-        sq = sum(float((reply.arrays[n].double() - server.params[n].double().to(reply.arrays[n].device)).pow(2).sum())
-                 for n in self.shared_names(server))
+        sq = sum(
+            float((reply.arrays[n].double() - server.params[n].double().to(reply.arrays[n].device)).pow(2).sum())
+            for n in self.shared_names(server)
+        )
         return math.sqrt(sq)
 
     def aggregate_fit(self, server: SharedState, rnd: int, replies: dict[int, Message]) -> tuple[SharedState, Metrics]:
-        weights = torch.tensor([float(r.config["num_examples"]) for r in replies.values()], device=self.device,
-                               dtype=torch.float64)
+        weights = torch.tensor(
+            [float(r.config["num_examples"]) for r in replies.values()], device=self.device, dtype=torch.float64
+        )
         w = (weights / weights.sum()).to(torch.float32)
         params = dict(server.params)
         names = self.shared_names(server)
@@ -288,13 +348,18 @@ class LocalTraining(Method[SharedState, PersonalState]):
         scale = min(1.0, float(self.update_bound) / max(self._update_norm(server, reply), 1e-300))
         if scale == 1.0:
             return reply
-        arrays = {n: server.params[n].to(reply.arrays[n].device) + scale * (reply.arrays[n] - server.params[n].to(
-            reply.arrays[n].device)) for n in names}
+        arrays = {
+            n: server.params[n].to(reply.arrays[n].device)
+            + scale * (reply.arrays[n] - server.params[n].to(reply.arrays[n].device))
+            for n in names
+        }
         return Message(arrays=arrays, config=reply.config)
 
     def configure_evaluate(self, server: SharedState, cid: int) -> Message:
-        return Message(arrays={n: server.params[n] for n in self.shared_names(server)},
-                       config={"final": server.round >= self.rounds})
+        return Message(
+            arrays={n: server.params[n] for n in self.shared_names(server)},
+            config={"final": server.round >= self.rounds},
+        )
 
     # ----- client side --------------------------------------------------------------------------------
     def init_client(self, cid: int) -> PersonalState:
@@ -310,12 +375,15 @@ class LocalTraining(Method[SharedState, PersonalState]):
         theta, extra, received = self.start_model(msg, state)
         theta, extra, loss = self.local_program(theta, extra, received, data, int(msg.config["round"]))
         _check_loss(loss, data.cid, int(msg.config["round"]))
-        reply = Message(arrays={n: theta[n].detach() for n in received},
-                        config={"num_examples": len(data.train[1]), "loss": float(loss)})
+        reply = Message(
+            arrays={n: theta[n].detach() for n in received},
+            config={"num_examples": len(data.train[1]), "loss": float(loss)},
+        )
         return reply, PersonalState(params={n: t.detach() for n, t in theta.items()}, extra=extra)
 
-    def client_fit_many(self, msgs: dict[int, Message], states: dict[int, PersonalState | None],
-                        data: dict[int, ClientData]) -> dict[int, tuple[Message, PersonalState]]:
+    def client_fit_many(
+        self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
+    ) -> dict[int, tuple[Message, PersonalState]]:
         """The round's local programs of all ``msgs`` executed together (``vectorize``): the clients' starting
         models are stacked and :meth:`local_program` runs once on the stack. Same results as one
         :meth:`client_fit` per client, to float rounding (tested)."""
@@ -332,10 +400,17 @@ class LocalTraining(Method[SharedState, PersonalState]):
         out = {}
         for j, c in enumerate(cids):
             _check_loss(losses[j], c, int(msgs[c].config["round"]))
-            reply = Message(arrays={n: theta[n][j].detach() for n in received},
-                            config={"num_examples": len(data[c].train[1]), "loss": float(losses[j])})
-            out[c] = (reply, PersonalState(params={n: t[j].detach() for n, t in theta.items()},
-                                           extra={n: t[j].detach() for n, t in extra.items()}))
+            reply = Message(
+                arrays={n: theta[n][j].detach() for n in received},
+                config={"num_examples": len(data[c].train[1]), "loss": float(losses[j])},
+            )
+            out[c] = (
+                reply,
+                PersonalState(
+                    params={n: t[j].detach() for n, t in theta.items()},
+                    extra={n: t[j].detach() for n, t in extra.items()},
+                ),
+            )
         return out
 
     def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:

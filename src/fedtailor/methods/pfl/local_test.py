@@ -43,8 +43,16 @@ def _data(cid: int = 0, n: int = 8) -> ClientData:
 
 
 def _kw(batch_size: int = 8, **extra):
-    return dict(model_fn=Tiny, lr=LR, local_epochs=1, batch_size=batch_size, seed=0, device=torch.device("cpu"),
-                rounds=2, **extra)
+    return dict(
+        model_fn=Tiny,
+        lr=LR,
+        local_epochs=1,
+        batch_size=batch_size,
+        seed=0,
+        device=torch.device("cpu"),
+        rounds=2,
+        **extra,
+    )
 
 
 def _forward(p, x):
@@ -77,8 +85,13 @@ def test_fedprox_follows_the_prox_gradient_to_the_received_model():
     names = list(w0)
     w = w0
     for part in (order[:4], order[4:]):
-        g = _grad(lambda p: F.cross_entropy(_forward(p, x[part]), y[part])
-                  + 0.35 * sum((p[n] - w0[n]).pow(2).sum() for n in names), w, names)
+        g = _grad(
+            lambda p: (
+                F.cross_entropy(_forward(p, x[part]), y[part]) + 0.35 * sum((p[n] - w0[n]).pow(2).sum() for n in names)
+            ),
+            w,
+            names,
+        )
         w = _step(w, g)
     for n in names:
         torch.testing.assert_close(reply.arrays[n], w[n])
@@ -91,7 +104,7 @@ def test_fedrep_trains_the_head_first_then_the_body_and_shares_only_the_body():
     data = _data()
     reply, state = _fit(method, data=data)
     x, y = data.train
-    ce = lambda p: F.cross_entropy(_forward(p, x), y)  # noqa: E731
+    ce = lambda p: F.cross_entropy(_forward(p, x), y)
     head = ["fc.weight", "fc.bias"]
     w1 = _step(method.theta0, _grad(ce, method.theta0, head))
     w2 = _step(w1, _grad(ce, w1, ["body.weight", "body.bias"]))
@@ -107,8 +120,9 @@ def test_fedbabu_keeps_the_head_at_its_initialisation_and_fine_tunes_only_for_th
     data = _data()
     reply, state = _fit(method, data=data)
     x, y = data.train
-    w1 = _step(method.theta0, _grad(lambda p: F.cross_entropy(_forward(p, x), y), method.theta0,
-                                    ["body.weight", "body.bias"]))
+    w1 = _step(
+        method.theta0, _grad(lambda p: F.cross_entropy(_forward(p, x), y), method.theta0, ["body.weight", "body.bias"])
+    )
     assert set(reply.arrays) == {"body.weight", "body.bias"}
     for n in w1:
         torch.testing.assert_close(state.params[n], w1[n])
@@ -127,8 +141,14 @@ def test_ditto_steps_the_personal_model_toward_the_received_global_one():
     x, y = data.train
     w0 = method.theta0
     names = list(w0)
-    v1 = _step(v0, _grad(lambda p: F.cross_entropy(_forward(p, x), y)
-                         + 0.4 * sum((p[n] - w0[n]).pow(2).sum() for n in names), v0, names))
+    v1 = _step(
+        v0,
+        _grad(
+            lambda p: F.cross_entropy(_forward(p, x), y) + 0.4 * sum((p[n] - w0[n]).pow(2).sum() for n in names),
+            v0,
+            names,
+        ),
+    )
     w1 = _step(w0, _grad(lambda p: F.cross_entropy(_forward(p, x), y), w0, names))
     for n in names:
         torch.testing.assert_close(state.extra[n], v1[n])
@@ -150,8 +170,9 @@ def test_fedrod_trains_the_generic_model_on_the_balanced_softmax_and_the_persona
     rep = torch.tanh(F.linear(x, w0["body.weight"], w0["body.bias"]))
     z_g = _forward(w0, x)
     phi0 = {"fc.weight": w0["fc.weight"], "fc.bias": w0["fc.bias"]}
-    phi1 = _step(phi0, _grad(lambda p: F.cross_entropy(z_g + F.linear(rep, p["fc.weight"], p["fc.bias"]), y),
-                             phi0, list(phi0)))
+    phi1 = _step(
+        phi0, _grad(lambda p: F.cross_entropy(z_g + F.linear(rep, p["fc.weight"], p["fc.bias"]), y), phi0, list(phi0))
+    )
     for n in names:
         torch.testing.assert_close(reply.arrays[n], w1[n])
     for n in phi1:
@@ -178,8 +199,9 @@ def test_fedper_averages_the_body_and_each_client_keeps_its_head():
         replies[cid], states[cid] = method.client_fit(msg, None, _data(cid))
         method.validate_reply(server, "fit", 1, cid, replies[cid])
     new, _ = method.aggregate_fit(server, 1, replies)
-    torch.testing.assert_close(new.params["body.weight"],
-                               (replies[0].arrays["body.weight"] + replies[1].arrays["body.weight"]) / 2)
+    torch.testing.assert_close(
+        new.params["body.weight"], (replies[0].arrays["body.weight"] + replies[1].arrays["body.weight"]) / 2
+    )
     assert torch.equal(new.params["fc.weight"], server.params["fc.weight"])  # never averaged
     assert not torch.equal(states[0].params["fc.weight"], states[1].params["fc.weight"])
 

@@ -22,8 +22,9 @@ def test_vectorized_and_per_client_paths_give_the_same_models(method):
         torch.testing.assert_close(fast.state.server.base.params[n], t, rtol=1e-4, atol=1e-5)
     for cid, state in slow.state.clients.items():
         for n, t in {**state.params, **state.extra}.items():
-            torch.testing.assert_close({**fast.state.clients[cid].params, **fast.state.clients[cid].extra}[n], t,
-                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                {**fast.state.clients[cid].params, **fast.state.clients[cid].extra}[n], t, rtol=1e-4, atol=1e-5
+            )
     for cid, m in slow.evaluation.items():
         assert fast.evaluation[cid]["accuracy"] == pytest.approx(m["accuracy"], abs=0.02)
     losses = [r["loss"] for r in slow.history]
@@ -41,11 +42,33 @@ def test_batched_sgd_equals_one_functional_sgd_per_client_with_ragged_sizes():
     xs = [torch.randn(n, 5, generator=gen) for n in sizes]
     ys = [torch.randint(0, 3, (n,), generator=gen) for n in sizes]
     anchors = torch.randn(len(sizes), 3, 5, generator=gen)
-    gens = lambda: [torch.Generator().manual_seed(100 + c) for c in range(len(sizes))]  # noqa: E731
-    got, means = batched_sgd(loss, {"w": w.expand(len(sizes), 3, 5)}, xs, ys, aux={"anchor": anchors},
-                             trainable={"w"}, epochs=2, batch_size=8, lr=0.1, momentum=0.9, generators=gens())
+    gens = lambda: [torch.Generator().manual_seed(100 + c) for c in range(len(sizes))]
+    got, means = batched_sgd(
+        loss,
+        {"w": w.expand(len(sizes), 3, 5)},
+        xs,
+        ys,
+        aux={"anchor": anchors},
+        trainable={"w"},
+        epochs=2,
+        batch_size=8,
+        lr=0.1,
+        momentum=0.9,
+        generators=gens(),
+    )
     for c, g in enumerate(gens()):
-        want, mean = functional_sgd(loss, {"w": w}, xs[c], ys[c], aux={"anchor": anchors[c]}, trainable={"w"},
-                                    epochs=2, batch_size=8, lr=0.1, momentum=0.9, generator=g)
+        want, mean = functional_sgd(
+            loss,
+            {"w": w},
+            xs[c],
+            ys[c],
+            aux={"anchor": anchors[c]},
+            trainable={"w"},
+            epochs=2,
+            batch_size=8,
+            lr=0.1,
+            momentum=0.9,
+            generator=g,
+        )
         torch.testing.assert_close(got["w"][c], want["w"], rtol=1e-5, atol=1e-6)
         assert means[c] == pytest.approx(mean, rel=1e-5)
