@@ -24,7 +24,8 @@ import torch
 from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, register_base
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.register import register_base
 
 ALPHA = "apfl.alpha"  # the mixing weight's key in a client's extra state (never a parameter name)
 PERSONAL = "personal/"  # prefix of v_i's parameters in the joint SGD state

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining, register_base
+from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining
+from fedtailor.methods.pfl.register import register_base
 from fedtailor.models.parts import head_names
 
 

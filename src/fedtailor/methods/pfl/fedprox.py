@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, prox_term, register_base
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, prox_term
+from fedtailor.methods.pfl.register import register_base
 
 
 class FedProxConfig(LocalSGDConfig):

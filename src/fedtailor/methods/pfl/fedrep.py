@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, register_base
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.register import register_base
 from fedtailor.models.parts import head_names
 
 

@@ -25,8 +25,8 @@ from fedtailor.methods.pfl.local import (
     LocalTraining,
     Params,
     per_client,
-    register_base,
 )
+from fedtailor.methods.pfl.register import register_base
 from fedtailor.models.parts import head_module, head_names
 
 

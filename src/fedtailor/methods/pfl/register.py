@@ -1,0 +1,62 @@
+"""How a parameter-sharing base declares itself: :func:`register_base` registers a base's config model and a
+builder that passes it the options every base has and wraps it in FedLAG when the config has a
+``[method.fedlag]`` table. Above both :mod:`~fedtailor.methods.pfl.local` and :mod:`~fedtailor.methods.pfl.fedlag`,
+so neither imports the other's dependents."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fedtailor.fl.method import Method
+from fedtailor.fl.registry import MethodSpec, register_method
+from fedtailor.fl.setup import train_sizes
+from fedtailor.methods.pfl.fedlag import FedLAG
+from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining
+
+
+def register_base(
+    config: type[LocalSGDConfig],
+    method: Callable[..., LocalTraining],
+    options: tuple[str, ...] = (),
+    *,
+    fedlag: bool = True,
+) -> MethodSpec:
+    """Register a parameter-sharing base: its name is ``config``'s ``name`` default, its builder calls
+    ``method(**common, **{o: cfg.o for o in options})`` with the options every base has, and wraps it in
+    FedLAG when the config has a ``[method.fedlag]`` section (``fedlag``: FedLAG can wrap it)."""
+    name = config.model_fields["name"].default
+
+    def build(setup: Any) -> Method:
+        m = setup.cfg.method
+        base = method(
+            model_fn=setup.model_fn(m.model),
+            lr=m.lr,
+            local_epochs=m.local_epochs,
+            batch_size=m.batch_size,
+            momentum=m.momentum,
+            seed=setup.cfg.seed,
+            device=setup.device,
+            rounds=setup.cfg.federation.rounds,
+            vectorize=m.vectorize,
+            train_sizes=train_sizes(setup.clients),
+            update_bound=m.update_bound,
+            update_bound_mode=m.update_bound_mode,
+            **{o: getattr(m, o) for o in options},
+        )
+        if m.fedlag is None:
+            return base
+        f = m.fedlag
+        return FedLAG(
+            base,
+            top_k=f.top_k,
+            xi=f.xi,
+            warmup=f.warmup,
+            unit=f.unit,
+            update=f.update,
+            rechoose=f.rechoose,
+            choice=f.choice,
+            cap=f.cap,
+        )
+
+    return register_method(name, config=config, build=build, family="pfl", data="images", fedlag=fedlag)
