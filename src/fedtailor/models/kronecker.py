@@ -22,31 +22,16 @@ first, then fewest flops per row.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedtailor.models.basis import Subspace, haar_columns
 from fedtailor.rng import numpy_rng
 
-#: Largest ``dim * rank`` for which :meth:`KroneckerSubspace.dense` builds the dense matrix.
-MAX_DENSE_ENTRIES = 4096 * 4096
 #: Largest factor ``A`` or ``B`` (entries; 16 MB in float32): a prime rank would otherwise make one factor dense P.
 MAX_FACTOR_ENTRIES = 1 << 22
-
-
-def check_operand(t: torch.Tensor, *, size: int, name: str, op: str, dtype: torch.dtype, device: torch.device) -> None:
-    """The input checks every subspace applies: last dimension ``size``, the subspace's dtype and device."""
-    if t.ndim < 1 or t.shape[-1] != size:
-        raise ValueError(f"{op}: {name} must have shape (..., {size}), got {tuple(t.shape)}.")
-    if t.dtype != dtype:
-        raise ValueError(
-            f"{op}: {name} has dtype {t.dtype} but the subspace computes in {dtype}; cast the input "
-            f"or build the subspace with .to(device, dtype={t.dtype})."
-        )
-    if t.device != device:
-        raise ValueError(
-            f"{op}: {name} is on {t.device} but the subspace is on {device}; use subspace.to({t.device!s})."
-        )
 
 
 def _divisors(n: int) -> list[int]:
@@ -85,18 +70,11 @@ def kronecker_shape(dim: int, rank: int) -> tuple[int, int, int, int]:
     return best[1]
 
 
-def _haar_columns(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """A Haar-random ``rows x cols`` matrix with orthonormal columns (QR with the signs of R's diagonal fixed)."""
-    q, r = np.linalg.qr(rng.standard_normal((rows, cols)))
-    return q * np.sign(np.diag(r))
-
-
-class KroneckerSubspace:
+class KroneckerSubspace(Subspace):
     """Implicit ``P in R^{dim x rank}``, ``P = D (A kron B)`` on a ``d1 x d2`` grid of the coordinates.
 
-    Same interface as :class:`fedtailor.models.subspace.OrthonormalSubspace` (``expand``, ``project``, ``to``,
-    ``dense``). Randomness is drawn on the CPU in float64 from the key ``(seed, "subspace", "kronecker", dim,
-    rank)`` and then cast and moved, so the same seed gives the same P on every device.
+    Randomness is drawn on the CPU in float64 from the key ``(seed, "subspace", "kronecker", dim, rank)`` and then
+    cast and moved, so the same seed gives the same P on every device.
     """
 
     transform = "kronecker"
@@ -110,16 +88,13 @@ class KroneckerSubspace:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
-        self.dim, self.rank, self.seed, self.dtype = dim, rank, seed, dtype
+        super().__init__(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
         self.d1, self.d2, self.k1, self.k2 = kronecker_shape(dim, rank)
         self.cover = self.d1 * self.d2
         rng = numpy_rng(seed, "subspace", "kronecker", dim, rank)
-        a = _haar_columns(rng, self.d1, self.k1)
-        b = _haar_columns(rng, self.d2, self.k2)
+        a = haar_columns(rng, self.d1, self.k1)
+        b = haar_columns(rng, self.d2, self.k2)
         signs = rng.integers(0, 2, size=self.cover) * 2 - 1
-        self.device = torch.empty(0, device=device).device
         self.A = torch.from_numpy(a).to(device=self.device, dtype=dtype)
         self.B = torch.from_numpy(b).to(device=self.device, dtype=dtype)
         self.sign = torch.from_numpy(signs.astype(np.float64)).to(device=self.device, dtype=dtype)
@@ -128,48 +103,24 @@ class KroneckerSubspace:
             self.cover * self.k2 + self.d1 * self.k2 * self.k1 <= self.cover * self.k1 + self.k1 * self.d2 * self.k2
         )
 
-    def __repr__(self) -> str:
-        return (
-            f"KroneckerSubspace(dim={self.dim}, rank={self.rank}, seed={self.seed}, grid={self.d1}x{self.d2}, "
-            f"factors={self.k1}x{self.k2}, device={self.device}, dtype={self.dtype})"
-        )
+    def _key(self) -> dict[str, Any]:
+        return {"dim": self.dim, "rank": self.rank, "seed": self.seed}
 
-    def _check(self, t: torch.Tensor, size: int, name: str, op: str) -> None:
-        check_operand(t, size=size, name=name, op=op, dtype=self.dtype, device=self.device)
+    def _details(self) -> str:
+        return f", grid={self.d1}x{self.d2}, factors={self.k1}x{self.k2}"
 
-    def expand(self, a: torch.Tensor) -> torch.Tensor:
-        """``P a``: coefficients ``(..., rank)`` to a parameter displacement ``(..., dim)`` (theta_i - theta_ref)."""
-        self._check(a, self.rank, "a", "expand")
-        lead = a.shape[:-1]
+    def _expand_rows(self, a: torch.Tensor) -> torch.Tensor:
         m = a.reshape(-1, self.k1, self.k2)
         grid = self.A @ (m @ self.B.T) if self._b_first else (self.A @ m) @ self.B.T  # (n, d1, d2)
         flat = grid.reshape(-1, self.cover) * self.sign
         if self.cover < self.dim:
             flat = torch.cat([flat, flat.new_zeros(flat.shape[0], self.dim - self.cover)], dim=1)
-        return flat.reshape(*lead, self.dim)
+        return flat
 
-    def project(self, g: torch.Tensor) -> torch.Tensor:
-        """``P^T g``: parameter-space gradients ``(..., dim)`` to coefficient gradients ``(..., rank)``."""
-        self._check(g, self.dim, "g", "project")
-        lead = g.shape[:-1]
-        grid = (g.reshape(-1, self.dim)[:, : self.cover] * self.sign).reshape(-1, self.d1, self.d2)
+    def _project_rows(self, g: torch.Tensor) -> torch.Tensor:
+        grid = (g[:, : self.cover] * self.sign).reshape(-1, self.d1, self.d2)
         if self._b_first:  # noqa: SIM108 (a comment per order)
             out = self.A.T @ (grid @ self.B)  # (n, d1, k2) then (n, k1, k2)
         else:
             out = (self.A.T @ grid) @ self.B  # (n, k1, d2) then (n, k1, k2)
-        return out.reshape(*lead, self.rank)
-
-    def to(self, device: str | torch.device, *, dtype: torch.dtype | None = None) -> KroneckerSubspace:
-        """The same P on ``device`` (and in ``dtype`` if given); the randomness is redrawn from the same key."""
-        return KroneckerSubspace(
-            dim=self.dim, rank=self.rank, seed=self.seed, device=device, dtype=self.dtype if dtype is None else dtype
-        )
-
-    def dense(self) -> torch.Tensor:
-        """The dense ``(dim, rank)`` matrix P, for tests on small sizes only."""
-        if self.dim * self.rank > MAX_DENSE_ENTRIES:
-            raise ValueError(
-                f"dense() would build a {self.dim} x {self.rank} matrix ({self.dim * self.rank:,} entries, more "
-                f"than the {MAX_DENSE_ENTRIES:,} allowed); use expand/project, which never materialise P."
-            )
-        return self.expand(torch.eye(self.rank, device=self.device, dtype=self.dtype)).T.contiguous()
+        return out.reshape(-1, self.rank)

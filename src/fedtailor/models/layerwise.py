@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from fedtailor.models.basis import Subspace, haar_columns
 from fedtailor.models.flat import FlatLayout
-from fedtailor.models.kronecker import MAX_DENSE_ENTRIES, _haar_columns, check_operand
 from fedtailor.rng import numpy_rng
 
 LossFn = Callable[..., torch.Tensor]
@@ -190,12 +191,11 @@ def _project_positions(
     return out
 
 
-class LayerKroneckerSubspace:
+class LayerKroneckerSubspace(Subspace):
     """Implicit ``P in R^{d x k}``, block diagonal over layers with Kronecker blocks ``A_l kron B_l``.
 
-    Same interface as :class:`fedtailor.models.kronecker.KroneckerSubspace` (``expand``, ``project``, ``to``,
-    ``dense``) plus :meth:`per_record_coefficients`. Built from the model whose parameters it spans (only the
-    architecture is read, never the values). Randomness is drawn on the CPU in float64 from the key
+    Built from the model whose parameters it spans (only the architecture is read, never the values); adds
+    :meth:`per_record_coefficients` to the shared interface. Randomness is drawn on the CPU in float64 from the key
     ``(seed, "subspace", "layer-kronecker", d, k)``, then cast and moved: the same seed gives the same P on every
     device.
     """
@@ -211,29 +211,25 @@ class LayerKroneckerSubspace:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
         self.layers = model_layers(model)
-        self.dim = FlatLayout.of(model).size
-        self.rank, self.seed, self.dtype = rank, seed, dtype
+        super().__init__(dim=FlatLayout.of(model).size, rank=rank, seed=seed, device=device, dtype=dtype)
         self.shapes = layer_ranks([(lay.out, lay.cols) for lay in self.layers], rank)
-        self.device = torch.empty(0, device=device).device
         rng = numpy_rng(seed, "subspace", "layer-kronecker", self.dim, rank)
         self.A, self.B = [], []
         for lay, (k1, k2) in zip(self.layers, self.shapes):
-            self.A.append(torch.from_numpy(_haar_columns(rng, lay.out, k1)).to(device=self.device, dtype=dtype))
-            self.B.append(torch.from_numpy(_haar_columns(rng, lay.cols, k2)).to(device=self.device, dtype=dtype))
+            self.A.append(torch.from_numpy(haar_columns(rng, lay.out, k1)).to(device=self.device, dtype=dtype))
+            self.B.append(torch.from_numpy(haar_columns(rng, lay.cols, k2)).to(device=self.device, dtype=dtype))
         self.splits = [k1 * k2 for k1, k2 in self.shapes]
         self._model = model
 
-    def __repr__(self) -> str:
+    def _key(self) -> dict[str, Any]:
+        return {"model": self._model, "rank": self.rank, "seed": self.seed}
+
+    def _details(self) -> str:
         blocks = ", ".join(
             f"{lay.module}:{lay.out}x{lay.cols}->{k1}x{k2}" for lay, (k1, k2) in zip(self.layers, self.shapes)
         )
-        return f"LayerKroneckerSubspace(dim={self.dim}, rank={self.rank}, seed={self.seed}, blocks=[{blocks}])"
-
-    def _check(self, t: torch.Tensor, size: int, name: str, op: str) -> None:
-        check_operand(t, size=size, name=name, op=op, dtype=self.dtype, device=self.device)
+        return f", blocks=[{blocks}]"
 
     def _matrix(self, g: torch.Tensor, lay: Layer) -> torch.Tensor:
         """``W~_l`` of each row of flat ``g`` (n, d) -> (n, out, cols)."""
@@ -243,31 +239,22 @@ class LayerKroneckerSubspace:
         b = g[:, lay.bias_offset : lay.bias_offset + lay.out].reshape(-1, lay.out, 1)
         return torch.cat([w, b], dim=2)
 
-    def expand(self, a: torch.Tensor) -> torch.Tensor:
-        """``P a``: coefficients ``(..., k)`` to a parameter displacement ``(..., d)``."""
-        self._check(a, self.rank, "a", "expand")
-        lead = a.shape[:-1]
-        rows = a.reshape(-1, self.rank)
-        out = rows.new_zeros(rows.shape[0], self.dim)
-        for lay, (k1, k2), A, B, m in zip(self.layers, self.shapes, self.A, self.B, torch.split(rows, self.splits, 1)):
+    def _expand_rows(self, a: torch.Tensor) -> torch.Tensor:
+        out = a.new_zeros(a.shape[0], self.dim)
+        for lay, (k1, k2), A, B, m in zip(self.layers, self.shapes, self.A, self.B, torch.split(a, self.splits, 1)):
             w = A @ m.reshape(-1, k1, k2) @ B.T  # (n, out, cols)
             out[:, lay.weight_offset : lay.weight_offset + lay.out * lay.fan_in] = w[:, :, : lay.fan_in].reshape(
                 -1, lay.out * lay.fan_in
             )
             if lay.bias:
                 out[:, lay.bias_offset : lay.bias_offset + lay.out] = w[:, :, lay.fan_in]
-        return out.reshape(*lead, self.dim)
+        return out
 
-    def project(self, g: torch.Tensor) -> torch.Tensor:
-        """``P^T g``: parameter-space gradients ``(..., d)`` to coefficient gradients ``(..., k)``."""
-        self._check(g, self.dim, "g", "project")
-        lead = g.shape[:-1]
-        rows = g.reshape(-1, self.dim)
+    def _project_rows(self, g: torch.Tensor) -> torch.Tensor:
         parts = [
-            (A.T @ self._matrix(rows, lay) @ B).reshape(rows.shape[0], -1)
-            for lay, A, B in zip(self.layers, self.A, self.B)
+            (A.T @ self._matrix(g, lay) @ B).reshape(g.shape[0], -1) for lay, A, B in zip(self.layers, self.A, self.B)
         ]
-        return torch.cat(parts, dim=1).reshape(*lead, self.rank)
+        return torch.cat(parts, dim=1)
 
     def per_record_coefficients(
         self,
@@ -328,19 +315,3 @@ class LayerKroneckerSubspace:
                 errs = delta.reshape(n, -1, lay.out).transpose(1, 2)
             parts.append(_project_positions(errs, cols, A, B, bias=lay.bias).reshape(n, -1))
         return torch.cat(parts, dim=1)
-
-    def to(self, device: str | torch.device, *, dtype: torch.dtype | None = None) -> LayerKroneckerSubspace:
-        """The same P on ``device`` (and in ``dtype`` if given); the randomness is redrawn from the same key."""
-        return LayerKroneckerSubspace(
-            model=self._model,
-            rank=self.rank,
-            seed=self.seed,
-            device=device,
-            dtype=self.dtype if dtype is None else dtype,
-        )
-
-    def dense(self) -> torch.Tensor:
-        """The dense ``(d, k)`` matrix P, for tests on small sizes only."""
-        if self.dim * self.rank > MAX_DENSE_ENTRIES:
-            raise ValueError(f"dense() would build a {self.dim} x {self.rank} matrix; use expand/project instead.")
-        return self.expand(torch.eye(self.rank, device=self.device, dtype=self.dtype)).T.contiguous()

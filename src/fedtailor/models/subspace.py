@@ -25,24 +25,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedtailor.models.kronecker import KroneckerSubspace, check_operand
+from fedtailor.models.basis import Subspace
+from fedtailor.models.kronecker import KroneckerSubspace
 from fedtailor.models.layerwise import LayerKroneckerSubspace
 from fedtailor.rng import numpy_rng
 
 Transform = Literal["dct", "blocked-dct"]
+#: The ``transform`` names :func:`make_subspace` knows (the keys of :data:`SUBSPACES`, the config's choices).
 SubspaceKind = Literal["layer-kronecker", "kronecker", "blocked-dct", "dct"]
 
 #: Elements per chunk when a batch is processed on the CPU (16 MB in float32, below glibc's 32 MB mmap threshold).
 CPU_CHUNK_ELEMENTS = 1 << 22
-
-#: Largest ``dim * rank`` for which :meth:`OrthonormalSubspace.dense` builds the dense matrix.
-MAX_DENSE_ENTRIES = 4096 * 4096
 
 _FLOAT_TO_COMPLEX = {torch.float32: torch.complex64, torch.float64: torch.complex128}
 
@@ -180,7 +179,7 @@ def idct_ortho(x: torch.Tensor) -> torch.Tensor:
     return v.index_select(-1, torch.from_numpy(np.argsort(plan.makhoul_order)).to(x.device))
 
 
-class OrthonormalSubspace:
+class OrthonormalSubspace(Subspace):
     """Implicit ``P in R^{dim x rank}`` with ``P^T P = I``, applied in O(dim log dim).
 
     Randomness (signs, permutations, the column set S) comes from :func:`fedtailor.rng.numpy_rng` under the
@@ -200,19 +199,15 @@ class OrthonormalSubspace:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if dim < 1 or rank < 1 or rank > dim:
-            raise ValueError(f"need 1 <= rank <= dim, got dim={dim}, rank={rank}.")
+        super().__init__(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
         if stages < 1:
             raise ValueError(f"stages must be >= 1, got {stages}.")
-        if dtype not in _FLOAT_TO_COMPLEX:
-            raise ValueError(f"dtype must be torch.float32 or torch.float64 (FFT support), got {dtype}.")
         if transform == "blocked-dct" and stages < 2:
             raise ValueError(
                 "transform='blocked-dct' needs stages >= 2: with one stage each column stays inside one block. "
                 "Use stages=2 or transform='dct'."
             )
-        self.dim, self.rank, self.seed, self.stages, self.transform = dim, rank, seed, stages, transform
-        self.dtype = dtype
+        self.stages, self.transform = stages, transform
         self.block_sizes = block_sizes_for(dim, transform)
 
         rng = numpy_rng(seed, "subspace", "transform", dim, stages, transform)
@@ -220,8 +215,7 @@ class OrthonormalSubspace:
         perms = [rng.permutation(dim) for _ in range(stages - 1)]
         columns = numpy_rng(seed, "subspace", "columns", dim).permutation(dim)[:rank]
 
-        dev = torch.empty(0, device=device).device
-        self.device = dev
+        dev = self.device
         self._dct = _DCTBlocks(self.block_sizes, device=dev, dtype=dtype)
         order = self._dct.makhoul_order
         packed_pos, packed_sign = self._dct.packed_position()
@@ -250,33 +244,30 @@ class OrthonormalSubspace:
         self._fwd_out = (idx(packed_pos), sgn(signs[stages] * packed_sign))
         self._bwd_in = (idx(inv_idx), sgn(signs[stages][inv_idx] * inv_sign))
 
-    def __repr__(self) -> str:
-        return (
-            f"OrthonormalSubspace(dim={self.dim}, rank={self.rank}, seed={self.seed}, stages={self.stages}, "
-            f"transform={self.transform!r}, device={self.device}, dtype={self.dtype})"
-        )
+    def _key(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "rank": self.rank,
+            "seed": self.seed,
+            "stages": self.stages,
+            "transform": self.transform,
+        }
 
-    def _check(self, t: torch.Tensor, size: int, name: str, op: str) -> None:
-        check_operand(t, size=size, name=name, op=op, dtype=self.dtype, device=self.device)
+    def _details(self) -> str:
+        return f", stages={self.stages}, transform={self.transform!r}"
 
     @staticmethod
     def _gather(x: torch.Tensor, step: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         index, sign = step
         return x.index_select(-1, index).mul_(sign)
 
-    def _rows(self, x: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor], out_size: int) -> torch.Tensor:
-        """Apply ``op`` over the flattened leading dimensions; on the CPU in chunks of about
-        ``CPU_CHUNK_ELEMENTS`` so the temporaries stay in cache and in reused heap memory (faster on a
-        (333, 85822) batch than one call, docs/subspace.md)."""
-        flat = x.reshape(-1, x.shape[-1])
-        rows = max(1, CPU_CHUNK_ELEMENTS // self.dim)
-        if flat.shape[0] == 0:
-            out = x.new_zeros(0, out_size)
-        elif x.device.type != "cpu" or flat.shape[0] <= rows:
-            out = op(flat)
-        else:
-            out = torch.cat([op(chunk) for chunk in flat.split(rows)])
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+    def _run(self, rows: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """On the CPU in chunks of about ``CPU_CHUNK_ELEMENTS`` so the temporaries stay in cache and in reused heap
+        memory (faster on a (333, 85822) batch than one call, docs/subspace.md)."""
+        chunk = max(1, CPU_CHUNK_ELEMENTS // self.dim)
+        if rows.device.type != "cpu" or rows.shape[0] <= chunk:
+            return op(rows)
+        return torch.cat([op(part) for part in rows.split(chunk)])
 
     def _expand_rows(self, a: torch.Tensor) -> torch.Tensor:
         v = a.new_zeros(a.shape[0], self.dim).index_copy(-1, self._in_pos, a * self._in_sign)
@@ -291,37 +282,82 @@ class OrthonormalSubspace:
             v = self._dct.inverse(self._gather(v, step))
         return self._gather(v, (self._in_pos, self._in_sign))
 
-    def expand(self, a: torch.Tensor) -> torch.Tensor:
-        """``P a``: coefficients ``(..., rank)`` to a parameter displacement ``(..., dim)`` (theta_i - theta_ref)."""
-        self._check(a, self.rank, "a", "expand")
-        return self._rows(a, self._expand_rows, self.dim)
 
-    def project(self, g: torch.Tensor) -> torch.Tensor:
-        """``P^T g``: parameter-space gradients ``(..., dim)`` to coefficient gradients ``(..., rank)``."""
-        self._check(g, self.dim, "g", "project")
-        return self._rows(g, self._project_rows, self.rank)
+class SubspaceBuilder(Protocol):
+    """Builds one kind of subspace from the keywords of :func:`make_subspace` (less ``transform``); a kind reads
+    those it needs."""
 
-    def to(self, device: str | torch.device, *, dtype: torch.dtype | None = None) -> OrthonormalSubspace:
-        """The same P on ``device`` (and in ``dtype`` if given); the randomness is redrawn from the same keys."""
+    def __call__(
+        self,
+        *,
+        dim: int,
+        rank: int,
+        seed: int,
+        stages: int,
+        model: nn.Module | None,
+        device: str | torch.device,
+        dtype: torch.dtype,
+    ) -> Subspace: ...
+
+
+def _layer_kronecker(
+    *,
+    dim: int,
+    rank: int,
+    seed: int,
+    stages: int,
+    model: nn.Module | None,
+    device: str | torch.device,
+    dtype: torch.dtype,
+) -> LayerKroneckerSubspace:
+    if model is None:
+        raise ValueError("transform 'layer-kronecker' is built from the model's layers: pass model=.")
+    subspace = LayerKroneckerSubspace(model=model, rank=rank, seed=seed, device=device, dtype=dtype)
+    if subspace.dim != dim:
+        raise ValueError(f"the model has {subspace.dim} parameters but dim={dim} was given.")
+    return subspace
+
+
+def _kronecker(
+    *,
+    dim: int,
+    rank: int,
+    seed: int,
+    stages: int,
+    model: nn.Module | None,
+    device: str | torch.device,
+    dtype: torch.dtype,
+) -> KroneckerSubspace:
+    return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
+
+
+def _dct(transform: Transform) -> SubspaceBuilder:
+    def build(
+        *,
+        dim: int,
+        rank: int,
+        seed: int,
+        stages: int,
+        model: nn.Module | None,
+        device: str | torch.device,
+        dtype: torch.dtype,
+    ) -> OrthonormalSubspace:
         return OrthonormalSubspace(
-            dim=self.dim,
-            rank=self.rank,
-            seed=self.seed,
-            stages=self.stages,
-            transform=self.transform,
-            device=device,
-            dtype=self.dtype if dtype is None else dtype,
+            dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device, dtype=dtype
         )
 
-    def dense(self) -> torch.Tensor:
-        """The dense ``(dim, rank)`` matrix P, for tests on small sizes only."""
-        if self.dim * self.rank > MAX_DENSE_ENTRIES:
-            raise ValueError(
-                f"dense() would build a {self.dim} x {self.rank} matrix ({self.dim * self.rank:,} entries, more "
-                f"than the {MAX_DENSE_ENTRIES:,} allowed); use expand/project, which never materialise P."
-            )
-        eye = torch.eye(self.rank, device=self.device, dtype=self.dtype)
-        return self.expand(eye).T.contiguous()
+    return build
+
+
+#: The subspace kinds by ``transform`` name, in the order of :data:`SubspaceKind`: one Kronecker block per layer
+#: of ``model`` (which it needs), Kronecker factors over the whole parameter grid, ``stages`` mixing stages of
+#: signs, permutations and blocked or plain DCTs.
+SUBSPACES: dict[str, SubspaceBuilder] = {
+    "layer-kronecker": _layer_kronecker,
+    "kronecker": _kronecker,
+    "blocked-dct": _dct("blocked-dct"),
+    "dct": _dct("dct"),
+}
 
 
 def make_subspace(
@@ -334,20 +370,11 @@ def make_subspace(
     model: nn.Module | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
-) -> OrthonormalSubspace | KroneckerSubspace | LayerKroneckerSubspace:
-    """The coefficient subspace named by ``transform``: ``"layer-kronecker"`` (:class:`LayerKroneckerSubspace`,
-    one Kronecker block per layer of ``model``, which it needs), ``"kronecker"`` (:class:`KroneckerSubspace`,
-    dense matmuls over the whole parameter grid) or ``"blocked-dct"`` / ``"dct"`` (:class:`OrthonormalSubspace`
-    with ``stages`` mixing stages)."""
-    if transform == "layer-kronecker":
-        if model is None:
-            raise ValueError("transform 'layer-kronecker' is built from the model's layers: pass model=.")
-        subspace = LayerKroneckerSubspace(model=model, rank=rank, seed=seed, device=device, dtype=dtype)
-        if subspace.dim != dim:
-            raise ValueError(f"the model has {subspace.dim} parameters but dim={dim} was given.")
-        return subspace
-    if transform == "kronecker":
-        return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
-    return OrthonormalSubspace(
-        dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device, dtype=dtype
-    )
+) -> Subspace:
+    """The coefficient subspace named by ``transform`` (a key of :data:`SUBSPACES`): ``"layer-kronecker"``
+    (:class:`LayerKroneckerSubspace`, built from ``model``), ``"kronecker"`` (:class:`KroneckerSubspace`) or
+    ``"blocked-dct"`` / ``"dct"`` (:class:`OrthonormalSubspace` with ``stages`` mixing stages)."""
+    build = SUBSPACES.get(transform)
+    if build is None:
+        raise ValueError(f"unknown subspace transform {transform!r}; choose one of {', '.join(map(repr, SUBSPACES))}.")
+    return build(dim=dim, rank=rank, seed=seed, stages=stages, model=model, device=device, dtype=dtype)

@@ -10,13 +10,8 @@ import scipy.fft
 import torch
 
 import fedtailor.models.subspace as subspace_mod
-from fedtailor.models.subspace import (
-    MAX_DENSE_ENTRIES,
-    OrthonormalSubspace,
-    block_sizes_for,
-    dct_ortho,
-    idct_ortho,
-)
+from fedtailor.models.basis import MAX_DENSE_ENTRIES
+from fedtailor.models.subspace import OrthonormalSubspace, block_sizes_for, dct_ortho, idct_ortho
 from fedtailor.rng import numpy_rng
 
 F64 = torch.float64

@@ -61,7 +61,7 @@ from fedtailor.fl.registry import register_method
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
 from fedtailor.models.layerwise import LayerKroneckerSubspace
-from fedtailor.models.subspace import make_subspace
+from fedtailor.models.subspace import SubspaceKind, make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
 from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
@@ -133,7 +133,7 @@ class CompactConfig(Section):
         None, gt=0, description="rescale h_psi so that E||h||^2 = init_gain at the start (default: torch's init)"
     )
     subspace_stages: int = Field(2, ge=1, le=4)
-    subspace_transform: Literal["layer-kronecker", "kronecker", "blocked-dct", "dct"] = Field(
+    subspace_transform: SubspaceKind = Field(
         "blocked-dct",
         description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
         "(coefficient gradients straight from activations and errors), Kronecker factors over the whole parameter "
