@@ -19,7 +19,8 @@ per-record errors are the gradient of the summed loss with respect to each layer
 interact) and never builds the ``n x d`` per-record parameter gradients. The result equals
 ``P^T`` of :func:`fedtailor.privacy.mechanisms.per_example_gradients` up to float rounding (tested).
 
-The rank ``k`` is split over layers in proportion to their sizes, each block keeping the same share
+The rank ``k`` is split over layers in proportion to their sizes (or, with ``allocation``, to the square roots of
+their sizes, or equally), each block keeping the same share
 ``sqrt(k / d)`` of both axes of its matrix as nearly as integers allow, and the split is adjusted so that the
 block ranks add up to ``k`` exactly (:func:`layer_ranks`).
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -127,10 +128,38 @@ def _pairs(rows: int, cols: int, target: int) -> list[tuple[int, int]]:
     return sorted(cands, key=score)
 
 
-def layer_ranks(shapes: list[tuple[int, int]], rank: int) -> list[tuple[int, int]]:
+#: How :func:`layer_ranks` shares the rank over layers: in proportion to each layer's size (``"size"``), to its
+#: square root (``"sqrt"``: small layers get more than their share), or equally (``"equal"``), each capped at the
+#: layer's size with the excess passed on to the others.
+Allocation = Literal["size", "sqrt", "equal"]
+
+
+def allocation_targets(sizes: list[int], rank: int, allocation: Allocation) -> list[float]:
+    """Real-valued targets ``t_l`` with ``sum_l t_l = rank`` and ``t_l <= size_l``: proportional to the
+    allocation's weight ``w_l`` (``size_l``, ``sqrt(size_l)`` or 1) by water-filling (a layer whose share
+    exceeds its size is capped at it, and the rest is shared again over the others)."""
+    weight = {"size": lambda n: float(n), "sqrt": math.sqrt, "equal": lambda n: 1.0}[allocation]
+    targets = [0.0] * len(sizes)
+    free, left = set(range(len(sizes))), float(rank)
+    while free:
+        total = sum(weight(sizes[i]) for i in free)
+        capped = {i for i in free if left * weight(sizes[i]) / total >= sizes[i]}
+        if not capped:
+            for i in free:
+                targets[i] = left * weight(sizes[i]) / total
+            break
+        for i in capped:
+            targets[i] = float(sizes[i])
+            left -= sizes[i]
+        free -= capped
+    return targets
+
+
+def layer_ranks(shapes: list[tuple[int, int]], rank: int, allocation: Allocation = "size") -> list[tuple[int, int]]:
     """``(k1_l, k2_l)`` per layer matrix ``rows_l x cols_l``, with ``sum_l k1_l k2_l = rank`` exactly.
 
-    Each layer's target is ``rank * size_l / d`` (at least one coefficient); the largest layer takes what the
+    Each layer's target is its share of the rank under ``allocation`` (:func:`allocation_targets`; with
+    ``"size"``, ``rank * size_l / d``), at least one coefficient; the largest layer takes what the
     others leave, and when that remainder has no factorisation that fits its matrix, the next-largest layer's
     shape moves to its next-best candidate (a small search; raises if none works)."""
     d = sum(r * c for r, c in shapes)
@@ -144,9 +173,11 @@ def layer_ranks(shapes: list[tuple[int, int]], rank: int) -> list[tuple[int, int
     order = sorted(range(len(shapes)), key=lambda i: shapes[i][0] * shapes[i][1])  # largest last
     big = order[-1]
     chosen: dict[int, tuple[int, int]] = {}
+    targets = allocation_targets([r * c for r, c in shapes], rank, allocation) if allocation != "size" else None
     for i in order[:-1]:
         r, c = shapes[i]
-        chosen[i] = _pairs(r, c, max(1, round(rank * r * c / d)))[0]
+        target = rank * r * c / d if targets is None else targets[i]
+        chosen[i] = _pairs(r, c, max(1, round(target)))[0]
 
     def fit_largest(rest: int) -> tuple[int, int] | None:
         r, c = shapes[big]
@@ -210,10 +241,12 @@ class LayerKroneckerSubspace(Subspace):
         seed: int,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
+        allocation: Allocation = "size",
     ) -> None:
         self.layers = model_layers(model)
+        self.allocation = allocation
         super().__init__(dim=FlatLayout.of(model).size, rank=rank, seed=seed, device=device, dtype=dtype)
-        self.shapes = layer_ranks([(lay.out, lay.cols) for lay in self.layers], rank)
+        self.shapes = layer_ranks([(lay.out, lay.cols) for lay in self.layers], rank, allocation)
         rng = numpy_rng(seed, "subspace", "layer-kronecker", self.dim, rank)
         self.A, self.B = [], []
         for lay, (k1, k2) in zip(self.layers, self.shapes):
@@ -223,7 +256,7 @@ class LayerKroneckerSubspace(Subspace):
         self._model = model
 
     def _key(self) -> dict[str, Any]:
-        return {"model": self._model, "rank": self.rank, "seed": self.seed}
+        return {"model": self._model, "rank": self.rank, "seed": self.seed, "allocation": self.allocation}
 
     def _details(self) -> str:
         blocks = ", ".join(

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedtailor.models.layerwise import LayerKroneckerSubspace, layer_ranks, model_layers
+from fedtailor.models.layerwise import LayerKroneckerSubspace, allocation_targets, layer_ranks, model_layers
 from fedtailor.models.lenet import MLP, LeNet
 from fedtailor.models.subspace import make_subspace
 from fedtailor.privacy.mechanisms import per_example_gradients
@@ -90,6 +90,38 @@ def test_the_rank_split_is_exact_and_fits_every_layer(rank):
         d = sum(r * c for r, c in shapes)
         for (k1, k2), (r, c) in zip(split, shapes):
             assert abs(k1 * k2 / rank - r * c / d) < 0.01
+
+
+@pytest.mark.parametrize("allocation", ["size", "sqrt", "equal"])
+@pytest.mark.parametrize("rank", [5, 1000, 16_384, 65_536])
+def test_each_allocation_waterfills_its_weights_and_the_split_stays_exact(allocation, rank):
+    shapes = [(lay.out, lay.cols) for lay in model_layers(LeNet())]
+    sizes = [r * c for r, c in shapes]
+    t = allocation_targets(sizes, rank, allocation)
+    assert sum(t) == pytest.approx(rank) and all(0 < x <= n for x, n in zip(t, sizes))
+    weight = {"size": float, "sqrt": lambda n: n**0.5, "equal": lambda n: 1.0}[allocation]
+    free = [i for i in range(len(sizes)) if t[i] < sizes[i]]  # uncapped layers share in proportion to the weight
+    ratios = [t[i] / weight(sizes[i]) for i in free]
+    assert max(ratios) == pytest.approx(min(ratios))
+    capped = [i for i in range(len(sizes)) if t[i] == sizes[i]]  # a capped layer would have had more
+    assert all(weight(sizes[i]) * ratios[0] >= sizes[i] for i in capped) if free else True
+    split = layer_ranks(shapes, rank, allocation)
+    assert sum(k1 * k2 for k1, k2 in split) == rank
+    assert all(1 <= k1 <= r and 1 <= k2 <= c for (k1, k2), (r, c) in zip(split, shapes))
+    if rank == 16_384:  # every layer but the largest (which takes the remainder) gets its target to a few %
+        big = sizes.index(max(sizes))
+        assert all(abs(k1 * k2 - t[i]) <= 0.05 * t[i] + 1 for i, (k1, k2) in enumerate(split) if i != big)
+
+
+def test_the_sqrt_allocation_gives_small_layers_more_and_changes_p_only_through_its_shapes():
+    shapes = [(lay.out, lay.cols) for lay in model_layers(LeNet())]
+    by_size, by_sqrt = layer_ranks(shapes, 16_384), layer_ranks(shapes, 16_384, "sqrt")
+    small = min(range(len(shapes)), key=lambda i: shapes[i][0] * shapes[i][1])
+    assert by_sqrt[small][0] * by_sqrt[small][1] > by_size[small][0] * by_size[small][1]
+    p = make_subspace(dim=85_822, rank=16_384, seed=41, transform="layer-kronecker", model=LeNet(), allocation="sqrt")
+    assert p.shapes == by_sqrt and p.to("cpu", dtype=torch.float64).shapes == by_sqrt  # to() keeps it
+    v = torch.randn(2, 16_384, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(p.project(p.expand(v)), v, atol=1e-5, rtol=0)
 
 
 def test_lenet_p_is_deterministic_in_the_seed_and_served_by_make_subspace():

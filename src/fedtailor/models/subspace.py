@@ -33,7 +33,7 @@ from torch import nn
 
 from fedtailor.models.basis import Subspace
 from fedtailor.models.kronecker import KroneckerSubspace
-from fedtailor.models.layerwise import LayerKroneckerSubspace
+from fedtailor.models.layerwise import Allocation, LayerKroneckerSubspace
 from fedtailor.rng import numpy_rng
 
 Transform = Literal["dct", "blocked-dct"]
@@ -297,6 +297,7 @@ class SubspaceBuilder(Protocol):
         model: nn.Module | None,
         device: str | torch.device,
         dtype: torch.dtype,
+        allocation: Allocation,
     ) -> Subspace: ...
 
 
@@ -309,10 +310,13 @@ def _layer_kronecker(
     model: nn.Module | None,
     device: str | torch.device,
     dtype: torch.dtype,
+    allocation: Allocation,
 ) -> LayerKroneckerSubspace:
     if model is None:
         raise ValueError("transform 'layer-kronecker' is built from the model's layers: pass model=.")
-    subspace = LayerKroneckerSubspace(model=model, rank=rank, seed=seed, device=device, dtype=dtype)
+    subspace = LayerKroneckerSubspace(
+        model=model, rank=rank, seed=seed, device=device, dtype=dtype, allocation=allocation
+    )
     if subspace.dim != dim:
         raise ValueError(f"the model has {subspace.dim} parameters but dim={dim} was given.")
     return subspace
@@ -327,6 +331,7 @@ def _kronecker(
     model: nn.Module | None,
     device: str | torch.device,
     dtype: torch.dtype,
+    allocation: Allocation,
 ) -> KroneckerSubspace:
     return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
 
@@ -341,6 +346,7 @@ def _dct(transform: Transform) -> SubspaceBuilder:
         model: nn.Module | None,
         device: str | torch.device,
         dtype: torch.dtype,
+        allocation: Allocation,
     ) -> OrthonormalSubspace:
         return OrthonormalSubspace(
             dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device, dtype=dtype
@@ -370,11 +376,15 @@ def make_subspace(
     model: nn.Module | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    allocation: Allocation = "size",
 ) -> Subspace:
     """The coefficient subspace named by ``transform`` (a key of :data:`SUBSPACES`): ``"layer-kronecker"``
-    (:class:`LayerKroneckerSubspace`, built from ``model``), ``"kronecker"`` (:class:`KroneckerSubspace`) or
+    (:class:`LayerKroneckerSubspace`, built from ``model``, its rank shared over layers by ``allocation``),
+    ``"kronecker"`` (:class:`KroneckerSubspace`) or
     ``"blocked-dct"`` / ``"dct"`` (:class:`OrthonormalSubspace` with ``stages`` mixing stages)."""
     build = SUBSPACES.get(transform)
     if build is None:
         raise ValueError(f"unknown subspace transform {transform!r}; choose one of {', '.join(map(repr, SUBSPACES))}.")
-    return build(dim=dim, rank=rank, seed=seed, stages=stages, model=model, device=device, dtype=dtype)
+    return build(
+        dim=dim, rank=rank, seed=seed, stages=stages, model=model, device=device, dtype=dtype, allocation=allocation
+    )

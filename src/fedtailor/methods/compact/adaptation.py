@@ -60,7 +60,7 @@ from fedtailor.fl.records import Abstained, ClientData, InvalidMessage, Message,
 from fedtailor.fl.registry import register_method
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
-from fedtailor.models.layerwise import LayerKroneckerSubspace
+from fedtailor.models.layerwise import Allocation, LayerKroneckerSubspace
 from fedtailor.models.subspace import SubspaceKind, make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
@@ -138,6 +138,12 @@ class CompactConfig(Section):
         description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
         "(coefficient gradients straight from activations and errors), Kronecker factors over the whole parameter "
         "grid, or a fast DCT",
+    )
+    layer_allocation: Allocation = Field(
+        "size",
+        description="with subspace_transform 'layer-kronecker': each layer's share of the k coefficients, in "
+        "proportion to its size, to the square root of its size, or equal (capped at the layer's size; "
+        "docs/compact.md)",
     )
     replay_from: str | None = Field(
         None, description="run directory of a 'factorized' run whose h_norm2 gains Replay uses"
@@ -330,6 +336,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                 stages=cfg.subspace_stages,
                 model=self.model,
                 device=device,
+                allocation=cfg.layer_allocation,
             )
             if self.coefficient
             else None
