@@ -7,6 +7,7 @@ k / k_small (a dense matrix product costs linearly in k).
 
     python benchmarks/bench_compact_round.py [--threads 2] [--repeat 3] [--codec lrsuq]
     python benchmarks/bench_compact_round.py --full-run      # also time the full 500-round MNIST run
+    python benchmarks/bench_compact_round.py --device cuda   # the records, model and P on a GPU (timings synced)
 
 The full run is the MNIST setting of *Privacy-Aligned Personalized Federated Learning with Compact
 Adaptation and Variable-Length Gaussian Communication*.
@@ -37,66 +38,75 @@ from fedtailor.fl.records import Message
 from fedtailor.models.layerwise import LayerKroneckerSubspace
 from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
 
+_DEVICE = torch.device("cpu")
+
+
+def _now() -> float:
+    """Wall clock after the device's queued work has finished (a GPU runs asynchronously)."""
+    if _DEVICE.type == "cuda":
+        torch.cuda.synchronize(_DEVICE)
+    return time.perf_counter()
+
 
 def profile_round(method, server, setup, rnd: int) -> dict[str, float]:
     """Wall time of each step of one round, summed over its clients (what client_fit and the server do)."""
     t = dict.fromkeys(("configure", "per_record_grads", "project", "clip_mean", "encode", "decode", "server_step"), 0.0)
     replies = {}
     for cid in (int(c) for c in setup.schedule[rnd - 1]):
-        t0 = time.perf_counter()
+        t0 = _now()
         msg = method.configure_fit(server, rnd, cid)
-        t1 = time.perf_counter()
+        t1 = _now()
         x, y = setup.clients[cid].train
         idx = method.batch_indices(rnd, cid, x)
         theta = method.theta(msg.arrays["a"])
         if isinstance(method.P, LayerKroneckerSubspace):  # coefficient gradients in one pass: no projection step
             g = method.record_gradients(x[idx], y[idx], theta)
-            t2 = t3 = time.perf_counter()
+            t2 = t3 = _now()
         else:
             g = per_example_gradients(
                 method.model, F.cross_entropy, x[idx], y[idx], params=method.layout.unflatten(theta)
             )
-            t2 = time.perf_counter()
+            t2 = _now()
             g = method.P.project(g)
-            t3 = time.perf_counter()
-        u = clipped_mean(g, clip=method.clip, denominator=method.m_g).double().numpy()
-        t4 = time.perf_counter()
+            t3 = _now()
+        u = clipped_mean(g, clip=method.clip, denominator=method.m_g).double().cpu().numpy()
+        t4 = _now()
         key = release_key(method.init_client(cid).codec_secret, cid, rnd)
         payload = method.codec.encode(u, key=key, sigma=server.sigma)
         if server.pad_bytes is not None:
             payload = pad(payload, size=server.pad_bytes)
-        t5 = time.perf_counter()
+        t5 = _now()
         reply = Message(config={"payload": payload})
         method.validate_reply(server, "fit", rnd, cid, reply)
-        t6 = time.perf_counter()
+        t6 = _now()
         replies[cid] = reply
         for k, v in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
             t[k] += v
-    t0 = time.perf_counter()
+    t0 = _now()
     method.aggregate_fit(server, rnd, replies)
-    t["server_step"] = time.perf_counter() - t0
+    t["server_step"] = _now() - t0
     return t
 
 
 def naive_round(method, server, setup, rnd: int, k_small: int) -> float:
     """Per-record loop + dense projection on k_small columns, scaled to k."""
     d, k = method.d, method.k
-    P_small = torch.linalg.qr(torch.randn(d, k_small, generator=torch.Generator().manual_seed(0)))[0]
+    P_small = torch.linalg.qr(torch.randn(d, k_small, generator=torch.Generator().manual_seed(0)))[0].to(_DEVICE)
     total = 0.0
     for cid in (int(c) for c in setup.schedule[rnd - 1]):
         x, y = setup.clients[cid].train
         theta = method.theta(method.coefficients(server, [cid])[0][0].detach())  # no new ledger entry
         params = {n: p.detach().clone().requires_grad_(True) for n, p in method.layout.unflatten(theta).items()}
-        t0 = time.perf_counter()
+        t0 = _now()
         rows = []
         for i in range(method.m_g):
             out = torch.func.functional_call(method.model, params, (x[i : i + 1],))
             grads = torch.autograd.grad(F.cross_entropy(out, y[i : i + 1]), list(params.values()))
             rows.append(torch.cat([g.reshape(-1) for g in grads]))
         G = torch.stack(rows)
-        t1 = time.perf_counter()
+        t1 = _now()
         G @ P_small
-        t2 = time.perf_counter()
+        t2 = _now()
         total += (t1 - t0) + (t2 - t1) * k / k_small
     return total
 
@@ -110,13 +120,16 @@ def main() -> None:
     ap.add_argument(
         "--transforms", default="layer-kronecker,kronecker,blocked-dct", help="subspaces timed side by side"
     )
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument(
         "--full-run", action="store_true", help="also time the 500-round MNIST run with the first transform"
     )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    global _DEVICE
+    _DEVICE = torch.device(args.device)
     variant = "ours-lrsuq" if args.codec == "lrsuq" else "ours-dg"
-    base = [f'method.codec="{args.codec}"', f'method.variant="{variant}"']
+    base = [f'method.codec="{args.codec}"', f'method.variant="{variant}"', f'device="{args.device}"']
     rows, notes, naive = [], [], None
     transforms = args.transforms.split(",")
     for transform in transforms:
@@ -160,7 +173,8 @@ def main() -> None:
             f"Future {100 * res['summary']['future/accuracy']:.1f}%,"
             f" eps {res['method_summary']['epsilon_max']:.2f}, T_max {res['method_summary']['T_max']})"
         )
-    report(f"Compact adaptation: one private round, codec {args.codec}, {args.threads} threads", rows, notes=text)
+    title = f"Compact adaptation: one private round, codec {args.codec}, {args.threads} threads, {args.device}"
+    report(title, rows, notes=text)
 
 
 if __name__ == "__main__":
