@@ -268,7 +268,8 @@ def test_a_finished_run_counts_only_for_the_config_it_ran(tmp_path):
     another --set (or a --quick one) in the same folder is not reused, and running the point there refuses,
     naming the key that differs."""
     from fedtailor.config import load_config
-    from fedtailor.runner import finished, run_experiment
+    from fedtailor.rundir import finished
+    from fedtailor.runner import run_experiment
     from fedtailor.sweep import run_sweep
 
     cfg_path = tmp_path / "tiny.toml"

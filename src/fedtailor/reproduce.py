@@ -36,7 +36,7 @@ from pathlib import Path
 
 from fedtailor.config import RunConfig, load_config
 from fedtailor.report import aggregate_seeds
-from fedtailor.runner import finished
+from fedtailor.rundir import finished
 
 log = logging.getLogger(__name__)
 
