@@ -16,7 +16,6 @@ Adaptation and Variable-Length Gaussian Communication*.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -160,12 +159,13 @@ def main() -> None:
     if args.full_run:
         cfg = load_config("configs/compact/mnist-eps16.toml", [*base, f'method.subspace_transform="{transforms[0]}"'])
         with tempfile.TemporaryDirectory() as tmp:
+            from fedtailor.rundir import read_results
             from fedtailor.runner import run_experiment
 
             t0 = time.perf_counter()
             out = run_experiment(cfg, Path(tmp) / "run", progress=False)
             wall = time.perf_counter() - t0
-            res = json.loads((out / "results.json").read_text())
+            res = read_results(out)
         text += (
             f'\n\nFull run `fedtailor run configs/compact/mnist-eps16.toml --set method.variant="{variant}" '
             f'--set method.subspace_transform="{transforms[0]}"`: {wall / 60:.1f} min for {res["rounds"]} rounds '

@@ -18,24 +18,25 @@ kappa^2, kappa_eff^2, the adapted / other split of kappa^2 and the mean adapter-
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from fedtailor.rundir import CONFIG, RESULTS, Results, read_config, read_metrics, read_results
+
+# what this report reads of a run's results.json
+NEEDS = ("method", "rounds_completed", "summary", "per_client")
 KAPPA = ("kappa2", "kappa2_eff", "kappa2_adapted", "kappa2_other", "adapter_grad_sq_mean", "kappa2_rel")
 
 
-def load(run: Path) -> tuple[dict, list[dict]]:
-    results = json.loads((run / "results.json").read_text())
-    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return results, history
+def load(run: Path) -> tuple[Results, list[dict]]:
+    """A run's results and its per-round records."""
+    return read_results(run, require=NEEDS), read_metrics(run)
 
 
 def labels(runs: list[Path], methods: list[str]) -> list[str]:
     """Each run's method, plus the config values that tell apart runs of the same method (``lora_rank=4``)."""
     flat = []
     for run in runs:
-        path = run / "config.json"
-        cfg = json.loads(path.read_text()) if path.exists() else {}
+        cfg = read_config(run) if (run / CONFIG).exists() else {}
         flat.append({f"{k}.{kk}": vv for k, v in cfg.items() if isinstance(v, dict) for kk, vv in v.items()})
     out = []
     for i, method in enumerate(methods):
@@ -56,7 +57,7 @@ def last_median(history: list[dict], key: str, last: int = 10) -> float:
     return (vals[(len(vals) - 1) // 2] + vals[len(vals) // 2]) / 2 if vals else float("nan")
 
 
-def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
+def tables(runs: list[tuple[Path, Results, list[dict]]]) -> str:
     out = [
         "| method | rounds | training reward acc. | held-out reward acc. | held-out DPO loss | DPO loss, second half "
         "| base-grad norm, second half | base-grad norm, median of last 10 |",
@@ -95,7 +96,7 @@ def tables(runs: list[tuple[Path, dict, list[dict]]]) -> str:
     return "\n".join(out)
 
 
-def figure(runs: list[tuple[Path, dict, list[dict]]], png: Path) -> None:
+def figure(runs: list[tuple[Path, Results, list[dict]]], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -153,7 +154,7 @@ def main() -> None:
     ap.add_argument("--png", type=Path, required=True)
     ap.add_argument("--table", type=Path)
     args = ap.parse_args()
-    missing = [str(r) for r in args.runs if not (r / "results.json").exists()]
+    missing = [str(r) for r in args.runs if not (r / RESULTS).exists()]
     if missing:
         ap.error(
             f"not finished runs (no results.json): {', '.join(missing)}; finish them with fedtailor reproduce "

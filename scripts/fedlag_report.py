@@ -14,10 +14,14 @@ experiment folder of ``fedtailor reproduce`` with ``main-<tag>/`` and ``fixed-<t
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
+
+from fedtailor.rundir import RESULTS, Results, completed, read_results, seed_dirs
+
+# what this report reads of a run's results.json
+NEEDS = ("rounds", "rounds_completed", "summary")
 
 
 def bases() -> tuple[str, ...]:
@@ -27,16 +31,18 @@ def bases() -> tuple[str, ...]:
     return fedlag_bases()
 
 
-def _acc(run: Path) -> float | None:
-    f = run / "results.json"
-    if not f.exists():
-        return None
-    r = json.loads(f.read_text())
-    return 100 * r["summary"]["seen/accuracy"] if r["rounds_completed"] == r["rounds"] else None
+def _finished(run: Path) -> Results | None:
+    """The results of a run that ran every round, None for one that did not (or is not there)."""
+    return read_results(run, require=NEEDS) if completed(run) else None
+
+
+def _personal_layers(results: Results) -> list[str]:
+    return results.get("method_summary", {}).get("fedlag_personal", [])
 
 
 def _seeds(point: Path) -> dict[str, float]:
-    return {d.name: a for d in sorted(point.glob("seed*")) if (a := _acc(d)) is not None}
+    """Seen accuracy (%) of each finished seed of a grid point, by seed folder."""
+    return {d.name: 100 * r["summary"]["seen/accuracy"] for d in seed_dirs(point) if (r := _finished(d)) is not None}
 
 
 def _fmt(vals: list[float]) -> str:
@@ -48,9 +54,9 @@ def _fmt(vals: list[float]) -> str:
 def _personal(point: Path) -> str:
     """The personal layers each finished seed chose, distinct sets with how many seeds chose each."""
     sets: dict[str, int] = {}
-    for d in sorted(point.glob("seed*")):
-        if _acc(d) is not None:
-            key = ", ".join(json.loads((d / "results.json").read_text())["method_summary"].get("fedlag_personal", []))
+    for d in seed_dirs(point):
+        if (r := _finished(d)) is not None:
+            key = ", ".join(_personal_layers(r))
             sets[key] = sets.get(key, 0) + 1
     return "; ".join(f"{k} ({n})" for k, n in sets.items()) or "-"
 
@@ -84,9 +90,9 @@ def table(main: Path, fixed: Path) -> list[str]:
         both = sorted(set(off) & set(on))
         diff = [on[s] - off[s] for s in both]
         chosen = "-"
-        r41 = main / f"name={base}_top_k=2" / "seed41" / "results.json"
-        if r41.exists():
-            chosen = ", ".join(json.loads(r41.read_text())["method_summary"].get("fedlag_personal", []))
+        r41 = main / f"name={base}_top_k=2" / "seed41"
+        if (r41 / RESULTS).exists():
+            chosen = ", ".join(_personal_layers(read_results(r41, require=())))
         lines.append(
             f"| {base} | {_fmt(list(off.values()))} | {_fmt(list(on.values()))} | {_fmt(diff)} | "
             f"{len(both)} | {chosen} |"
@@ -119,13 +125,13 @@ def heatmap(folders: list[Path], png: Path) -> None:
         for f in folders
         for title, main, _ in sections(f)
         for b in ("fedavg", "fedper")
-        if (main / f"name={b}_top_k=2" / "seed41" / "results.json").exists()
+        if (main / f"name={b}_top_k=2" / "seed41" / RESULTS).exists()
     ]
     if not runs:
         return
     fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), squeeze=False)
     for ax, (title, main, base) in zip(axes[0], runs):
-        s = json.loads((main / f"name={base}_top_k=2" / "seed41" / "results.json").read_text())["method_summary"]
+        s = read_results(main / f"name={base}_top_k=2" / "seed41", require=("method_summary",))["method_summary"]
         grid = np.asarray(s["fedlag_conflicts_per_round"], dtype=float).T  # layers x rounds
         im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
         ax.set_yticks(range(len(s["fedlag_candidates"])), s["fedlag_candidates"], fontsize=7)

@@ -20,16 +20,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fedtailor.report import load_run
+from fedtailor.rundir import completed, read_metrics, seed_dirs
 
 
 def curves(point: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
     """(rounds, values of shape (seeds, rounds)) of the finished runs under ``point``."""
     series = []
-    for run in sorted(point.glob("seed*")):
-        if not (run / "results.json").exists():
+    for run in seed_dirs(point):
+        if not completed(run):
             continue
-        _, history = load_run(run)
+        history = read_metrics(run)
         series.append([(r["round"], r[metric]) for r in history if metric in r])
     if not series:
         return np.empty(0), np.empty((0, 0))

@@ -15,6 +15,9 @@ import pytest
 import fedtailor.reproduce as rp
 from conftest import TINY_TOML
 from fedtailor.config import dump_config
+from fedtailor.methods.compact.catalogue import COMPACT_VARIANTS
+from fedtailor.reproduce.report import _trend_plot
+from fedtailor.rundir import slug
 
 
 @pytest.fixture()
@@ -100,7 +103,7 @@ def test_shipped_experiments_plan_from_any_directory(tmp_path, monkeypatch):
 
 def test_blocks_of_an_experiment_can_be_run_alone(tmp_path):
     runs = rp.plan(["compact-table1-mnist/eps16,eps4"], out=tmp_path, seeds=None, quick=False)
-    assert {r.block for r in runs} == {"eps16", "eps4"} and len(runs) == 2 * len(rp.COMPACT_VARIANTS) * 3
+    assert {r.block for r in runs} == {"eps16", "eps4"} and len(runs) == 2 * len(COMPACT_VARIANTS) * 3
     full = rp.plan(["compact-table1-mnist"], out=tmp_path, seeds=None, quick=False)
     assert {r.out for r in runs} <= {r.out for r in full}  # the same folders: the rest can be added later
     with pytest.raises(ValueError, match="has the blocks eps4, eps8, eps16, eps32"):
@@ -251,7 +254,7 @@ def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):
     rows = [
         {
             "block": "b",
-            "point": rp.slug(tuple(p.items())),
+            "point": slug(tuple(p.items())),
             "seeds": 1,
             "seen/accuracy (mean)": 50.0 + i,
             "seen/accuracy (std)": 0.0,
@@ -259,7 +262,7 @@ def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):
         for i, p in enumerate(points)
     ]
     assert rows[0]["point"] == "coef_dim=4096_top_k=0"
-    rp._trend_plot(rows, points, exp, tmp_path / "trend.png")
+    _trend_plot(rows, points, exp, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
 
 
@@ -268,7 +271,8 @@ def test_a_finished_run_counts_only_for_the_config_it_ran(tmp_path):
     another --set (or a --quick one) in the same folder is not reused, and running the point there refuses,
     naming the key that differs."""
     from fedtailor.config import load_config
-    from fedtailor.runner import finished, run_experiment
+    from fedtailor.rundir import finished
+    from fedtailor.runner import run_experiment
     from fedtailor.sweep import run_sweep
 
     cfg_path = tmp_path / "tiny.toml"
@@ -285,3 +289,13 @@ def test_a_finished_run_counts_only_for_the_config_it_ran(tmp_path):
         run_experiment(
             load_config(str(cfg_path), ["seed=1", "federation.rounds=2"]), run_dir, resume=True, progress=False
         )
+
+
+def test_a_repeated_seed_or_grid_value_is_refused(tmp_path, registry):
+    """A seed or grid value given twice would count twice in the mean: refused in one line, before any run."""
+    with pytest.raises(ValueError, match="--seeds gives seed 1 more than once"):
+        rp.plan(["tiny"], out=tmp_path, seeds=[1, 2, 1], quick=False, registry=registry)
+    cfg = registry["tiny"].blocks[0].config
+    twice = rp.Experiment("twice", "x", (rp.Block("lr", cfg, (("method.lr", ("0.1", "0.2", "0.1")),)),))
+    with pytest.raises(ValueError, match="twice/lr: the grid of method.lr gives value 0.1 more than once"):
+        rp.plan(["twice"], out=tmp_path, seeds=None, quick=False, registry={"twice": twice})

@@ -1,42 +1,23 @@
-"""Tables and plots of a run directory (``fedtailor report RUN_DIR``) and of several seeds."""
+"""Tables and plots of a run directory (``fedtailor report RUN_DIR``) and of several seeds; the run directory is
+read through :mod:`fedtailor.rundir`."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedtailor.rundir import Results, read_metrics, read_results
 
-def load_run(run_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    run_dir = Path(run_dir)
-    results_path = run_dir / "results.json"
-    if not results_path.exists():
-        raise FileNotFoundError(f"{run_dir} has no results.json; is it a finished `fedtailor run` directory?")
+
+def load_run(run_dir: str | Path) -> tuple[Results, list[dict[str, Any]]]:
+    """A run's results (every key a run writes, checked) and its per-round records (:mod:`fedtailor.rundir`)."""
+    results = read_results(run_dir)
     try:
-        results = json.loads(results_path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError(f"{results_path} is not valid JSON (damaged?); rerun the run to rewrite it.") from None
-    missing = [
-        k
-        for k in ("name", "method", "dataset", "seed", "rounds", "rounds_completed", "summary", "per_client")
-        if not isinstance(results, dict) or k not in results
-    ]
-    if missing:
-        raise ValueError(f"{results_path} lacks {', '.join(missing)}: not the results of a `fedtailor run`.")
-    metrics_path = run_dir / "metrics.jsonl"
-    history = []
-    if metrics_path.exists():
-        for i, line in enumerate(metrics_path.read_text(errors="replace").splitlines(), 1):
-            if line.strip():
-                try:
-                    history.append(json.loads(line))
-                except ValueError:
-                    raise ValueError(
-                        f"{metrics_path} line {i} is not valid JSON (damaged?); delete the file to "
-                        "report without learning curves."
-                    ) from None
+        history = read_metrics(run_dir)
+    except ValueError as err:
+        raise ValueError(f"{err}; delete the file to report without learning curves.") from None
     return results, history
 
 
@@ -58,7 +39,7 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
     return "\n".join([line, sep] + ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body])
 
 
-def summary_lines(results: dict[str, Any]) -> list[str]:
+def summary_lines(results: Results) -> list[str]:
     s = results["summary"]
     lines = [
         f"run {results['name']}: method {results['method']} on {results['dataset']}, seed {results['seed']}, "
@@ -89,7 +70,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def plot_run(results: dict[str, Any], history: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
+def plot_run(results: Results, history: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     """learning_curves.png (loss and accuracies over rounds) and per_client_accuracy.png."""
     import matplotlib
 

@@ -1,81 +1,24 @@
-"""Run an experiment from a config into a run directory.
-
-A run directory holds ``config.json`` (the resolved config), ``metrics.jsonl`` (one record per round),
-``results.json`` (summary, per-client results, method facts such as the privacy ledger), ``clients.csv``,
-``checkpoint.pt`` (to resume) and the report's plots.
-"""
+"""Run an experiment from a config into a run directory (:mod:`fedtailor.rundir`: what it holds and how its
+files are written): the directory checked before anything loads, the loop run with every round's record
+appended, the results written at the end, and a resume that continues from the checkpoint."""
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
-import math
-import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedtailor import rundir
 from fedtailor.config import RunConfig, dump_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.checkpoint import load_checkpoint
 from fedtailor.fl.loop import RunInterrupted, Transport, run_federated, summarize
 
 log = logging.getLogger(__name__)
-
-
-def default_run_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.out_dir) / f"{cfg.name}-seed{cfg.seed}"
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON values; non-finite floats become null (bare NaN is not JSON)."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def write_json(path: Path, value: Any) -> None:
-    """Valid JSON (non-finite floats as null), written atomically (temp file + rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(value), indent=2, allow_nan=False))
-    os.replace(tmp, path)
-
-
-def config_differences(
-    saved: dict[str, Any], new: dict[str, Any], prefix: str = "", *, defaults: dict[str, Any] | None = None
-) -> list[str]:
-    """Dotted keys whose values differ between two resolved configs, with both values. With ``defaults`` (the
-    new config's sections at their default values), a key the saved config lacks (it was written before that
-    field existed) is no difference when the new value is that field's default."""
-    out = []
-    for key in sorted(set(saved) | set(new)):
-        a, b, name = saved.get(key), new.get(key), f"{prefix}{key}"
-        d = (defaults or {}).get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, name + ".", defaults=d if isinstance(d, dict) else None)
-        elif key not in saved and defaults is not None and key in defaults and b == d:
-            continue
-        elif a != b:
-            out.append(f"{name} (was {a!r}, now {b!r})")
-    return out
-
-
-def _defaults_of(cfg: RunConfig) -> dict[str, Any]:
-    """``cfg``'s sections (their classes: the method named in it) with every field at its default."""
-    return {
-        "data": type(cfg.data)().model_dump(mode="json"),
-        "federation": type(cfg.federation)().model_dump(mode="json"),
-        "method": type(cfg.method)().model_dump(mode="json"),
-    }
 
 
 def _check_out(
@@ -99,17 +42,17 @@ def _check_out(
         return not out.exists()
     if fresh:
         raise FileNotFoundError(f"--resume: {out} holds no run to continue; drop --resume to start one there.")
-    saved_path = out / "config.json"
+    saved_path = out / rundir.CONFIG
     if not saved_path.exists():
         raise ValueError(
-            f"--resume: {out} has no config.json, so it is not a run directory (or not one of ours); "
+            f"--resume: {out} has no {rundir.CONFIG}, so it is not a run directory (or not one of ours); "
             "start the run in a new directory with --out."
         )
     try:
-        saved = json.loads(saved_path.read_text())
+        saved = rundir.read_config(out)
     except (OSError, ValueError) as err:
         raise ValueError(f"--resume: {saved_path} is unreadable ({err}); start the run in a new directory.") from None
-    diff = config_differences(saved, json.loads(cfg_text), defaults=defaults)
+    diff = rundir.config_differences(saved, json.loads(cfg_text), defaults=defaults)
     if diff:
         raise ValueError(
             f"{out} was run with a different config: {'; '.join(diff[:8])}"
@@ -117,24 +60,6 @@ def _check_out(
             "use --out for a new run."
         )
     return False
-
-
-def finished(out: Path, cfg: RunConfig) -> bool:
-    """Whether ``out`` holds a finished run of exactly ``cfg`` (every round, and its saved config equal to
-    ``cfg`` resolved, fields added since at their defaults; the run's ``name`` and ``out_dir`` aside, which name
-    the directory, not the run). A finished run of another config is not done: running ``cfg`` there with
-    ``resume`` then refuses, naming the keys that differ."""
-    results, saved = Path(out) / "results.json", Path(out) / "config.json"
-    try:
-        r = json.loads(results.read_text())
-        old, new = json.loads(saved.read_text()), json.loads(dump_config(cfg))
-        for tree in (old, new):
-            tree.pop("name", None)
-            tree.pop("out_dir", None)
-        diff = config_differences(old, new, defaults=_defaults_of(cfg))
-    except (OSError, ValueError):
-        return False
-    return not diff and r.get("rounds_completed") == r.get("rounds")
 
 
 def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
@@ -178,10 +103,10 @@ def run_experiment(
     run (default: in this process; the Flower ServerApp passes its nodes); ``on_round``: called with each
     round's record after it is written.
     """
-    out = Path(run_dir) if run_dir is not None else default_run_dir(cfg)
-    ckpt = out / "checkpoint.pt"
+    out = Path(run_dir) if run_dir is not None else rundir.default_run_dir(cfg)
+    ckpt = out / rundir.CHECKPOINT
     cfg_text = dump_config(cfg)
-    create = _check_out(out, cfg_text, resume=resume, defaults=_defaults_of(cfg), given=run_dir is not None)
+    create = _check_out(out, cfg_text, resume=resume, defaults=rundir.config_defaults(cfg), given=run_dir is not None)
 
     t0 = time.perf_counter()
     if built is None:
@@ -237,16 +162,12 @@ def _run_in(
     transport: Transport | None,
     on_round: Callable[[dict[str, Any]], None] | None,
 ) -> Any:
-    (out / "config.json").write_text(cfg_text)
-    metrics_path = out / "metrics.jsonl"
+    rundir.write_config(out, cfg_text)
     # metrics.jsonl mirrors the loop's history: rewritten from the checkpoint's (atomically), then appended
-    tmp = metrics_path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(_jsonable(r), allow_nan=False) + "\n" for r in history))
-    os.replace(tmp, metrics_path)
+    rundir.write_metrics(out, history)
 
     def written(record: dict[str, Any]) -> None:  # the driver has checked it (fl.records.check_diverged)
-        with metrics_path.open("a") as fh:
-            fh.write(json.dumps(_jsonable(record), allow_nan=False) + "\n")
+        rundir.append_metrics(out, record)
         if on_round is not None:
             on_round(record)
 
@@ -255,7 +176,7 @@ def _run_in(
         setup.clients,
         setup.schedule,
         eval_every=cfg.federation.eval_every,
-        checkpoint=out / "checkpoint.pt",
+        checkpoint=out / rundir.CHECKPOINT,
         checkpoint_every=cfg.federation.checkpoint_every,
         on_round=written,
         progress=progress,
@@ -275,7 +196,7 @@ def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: A
         }
         for cid in sorted(result.evaluation)
     ]
-    results = {
+    results: rundir.Results = {
         "name": cfg.name,
         "method": cfg.method.name,
         "dataset": setup.dataset.name,
@@ -288,11 +209,5 @@ def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: A
         "per_client": per_client,
         "wall_seconds": wall,
     }
-    write_json(out / "results.json", results)
-    for name, text in method.artifacts(result.state.server).items():
-        (out / name).write_text(text)
-    fields = list(per_client[0]) if per_client else ["client", "seen", "num_examples"]
-    with (out / "clients.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(per_client)
+    rundir.write_results(out, results)
+    rundir.write_artifacts(out, method.artifacts(result.state.server))

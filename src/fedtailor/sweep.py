@@ -1,14 +1,14 @@
 """Experiment sweeps: a config over a grid of overrides and several seeds, with a mean +- std table.
 
-Each (grid point, seed) is an ordinary run directory under the sweep folder, so an interrupted sweep resumes by
-skipping finished runs and continuing unfinished ones from their checkpoints. Aggregation follows the papers:
-accuracy is averaged within a client, then over clients (inside each run), then mean and standard deviation
-over seeds.
+Each (grid point, seed) is an ordinary run directory under the sweep folder (``OUT/<slug>/seed<S>``,
+:func:`fedtailor.rundir.point_dir`), so an interrupted sweep resumes by skipping finished runs (of the same
+resolved config: :func:`fedtailor.rundir.finished`) and continuing unfinished ones from their checkpoints.
+Aggregation follows the papers: accuracy is averaged within a client, then over clients (inside each run), then
+mean and standard deviation over seeds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -18,7 +18,8 @@ from pathlib import Path
 from fedtailor.config import load_config, parse_override
 from fedtailor.experiment import check_data_name
 from fedtailor.report import aggregate_seeds, format_table
-from fedtailor.runner import finished, run_experiment
+from fedtailor.rundir import finished, point_dir, slug
+from fedtailor.runner import run_experiment
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +62,6 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     return grid
 
 
-def _slug(assignments: tuple[tuple[str, str], ...]) -> str:
-    """The folder name of a grid point, ``key=value`` joined by ``_``: always one path component inside the
-    sweep directory. A value holding a path separator (``--grid out_dir=../../x``) has it replaced, and a
-    digest of the point keeps such points apart; every other slug is unchanged (earlier sweeps resume)."""
-    if not assignments:
-        return "base"
-    text = "_".join(f"{k.split('.')[-1]}={v.strip(chr(34))}" for k, v in assignments)
-    if _SEPARATORS.search(text):
-        return f"{_SEPARATORS.sub('_', text)}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-    return text
-
-
-_SEPARATORS = re.compile(r"[/\\\0]")  # what would make a slug more than one path component
-
-
 def run_sweep(
     config: str | Path | None,
     *,
@@ -106,15 +92,15 @@ def run_sweep(
             try:
                 configs[point, seed] = load_config(config, sets)
             except ValueError as err:
-                raise ValueError(f"sweep point {_slug(point)}, seed {seed}: {err}") from None
+                raise ValueError(f"sweep point {slug(point)}, seed {seed}: {err}") from None
             check_data_name(configs[point, seed])
     rows = []
     for point in points:
         run_dirs = []
         for seed in seeds:
-            run_dir = out / _slug(point) / f"seed{seed}"
+            run_dir = point_dir(out, point, seed)
             if not finished(run_dir, configs[point, seed]):  # a run of another config there is refused
-                log.info("sweep: %s seed %d -> %s", _slug(point), seed, run_dir)
+                log.info("sweep: %s seed %d -> %s", slug(point), seed, run_dir)
                 started = run_dir.is_dir() and any(run_dir.iterdir())
                 run_experiment(configs[point, seed], run_dir, resume=started, progress=progress)
             run_dirs.append(run_dir)

@@ -1,0 +1,119 @@
+"""The registry of the papers' experiments: what ``fedtailor reproduce`` can run.
+
+An :class:`Experiment` is a list of :class:`Block` s; a block is a config file, a grid of overrides (every
+combination is a point) and fixed overrides. Each method family declares its experiments beside its methods, in
+a catalogue module that registers them at import, as method modules register their methods
+(:mod:`fedtailor.fl.registry`):
+
+    register_experiment(Experiment("fedlag-mnist", ...), Experiment("fedlag-fmnist", ...), module=__name__)
+
+:data:`CATALOGUE_MODULES` lists the built-in catalogues once; they are imported on the first question asked of
+the registry (:func:`experiments`, :data:`EXPERIMENTS`). The order is fixed: the built-in catalogues' experiments
+in :data:`CATALOGUE_MODULES` order (each in its registration order), then any registered elsewhere, whatever
+imported a catalogue first. This module imports no catalogue, method or torch itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+#: The built-in catalogues, one per method family (each registers its experiments when imported).
+CATALOGUE_MODULES = (
+    "fedtailor.methods.compact.catalogue",
+    "fedtailor.methods.pfl.catalogue",
+    "fedtailor.methods.dpo.catalogue",
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """A config, a grid of overrides and fixed overrides. ``needs`` names another run of the same experiment and
+    seed (``"block/point"``) that must finish first; ``{needs}`` in ``sets`` becomes its run directory (Replay
+    reads the gains of the Factorized run of its seed)."""
+
+    name: str
+    config: str
+    grid: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    sets: tuple[str, ...] = ()
+    needs: str | None = None
+
+    def points(self) -> list[tuple[tuple[str, str], ...]]:
+        """Every combination of the grid's values, in grid order (one empty point without a grid)."""
+        return list(itertools.product(*[[(k, v) for v in vals] for k, vals in self.grid])) if self.grid else [()]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A named list of blocks with its seeds, the overrides of ``--quick`` and the metrics its table shows.
+
+    ``x_axis``: a numeric axis for ``trend.png`` (each metric against it, one line per other point value), as the
+    papers' figures: a grid key's last part (``"coef_dim"``, ``"alpha"``) or ``"block"`` (the number in the block
+    name, e.g. eps16 -> 16); ``log_x``: that axis on a log scale."""
+
+    name: str
+    description: str
+    blocks: tuple[Block, ...]
+    quick: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ("seen/accuracy", "future/accuracy")
+    seeds: tuple[int, ...] = (41, 42, 43)
+    x_axis: str | None = None
+    log_x: bool = False
+
+
+_EXPERIMENTS: dict[str, tuple[str, Experiment]] = {}  # name -> (registering module, experiment)
+_loaded = False
+_lock = threading.RLock()
+
+
+def register_experiment(*experiments: Experiment, module: str = "") -> None:
+    """Register ``experiments`` in the order given; ``module``: the catalogue module registering them
+    (``__name__``), which places them in the listing. A second registration of a name is refused unless it is the
+    same experiment (a module imported twice)."""
+    with _lock:
+        for experiment in experiments:
+            old = _EXPERIMENTS.get(experiment.name)
+            if old is not None and old[1] != experiment:
+                raise ValueError(f"experiment {experiment.name!r} is registered already (by {old[0] or 'a caller'}).")
+            _EXPERIMENTS[experiment.name] = (module, experiment)
+
+
+def load_builtin() -> None:
+    """Import the built-in catalogues (once)."""
+    global _loaded
+    if _loaded:
+        return
+    with _lock:
+        if not _loaded:
+            for module in CATALOGUE_MODULES:
+                importlib.import_module(module)
+            _loaded = True
+
+
+def experiments() -> dict[str, Experiment]:
+    """Every registered experiment by name, in listing order (built-in catalogues first)."""
+    load_builtin()
+    rank = {m: i for i, m in enumerate(CATALOGUE_MODULES)}
+    items = list(_EXPERIMENTS.values())
+    ordered = sorted(range(len(items)), key=lambda i: (rank.get(items[i][0], len(rank)), i))
+    return {items[i][1].name: items[i][1] for i in ordered}
+
+
+class _Experiments(Mapping[str, Experiment]):
+    """Every registered experiment by name: a live, read-only view of the registry, in listing order."""
+
+    def __getitem__(self, name: str) -> Experiment:
+        load_builtin()
+        return _EXPERIMENTS[name][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(experiments())
+
+    def __len__(self) -> int:
+        return len(experiments())
+
+
+EXPERIMENTS: Mapping[str, Experiment] = _Experiments()

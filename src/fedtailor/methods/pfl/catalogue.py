@@ -1,0 +1,73 @@
+"""The FedLAG paper's experiments for ``fedtailor reproduce``, on ``configs/fedlag/*.toml``: every base with and
+without FedLAG, the fixed First/Middle/Last-K and FedLAG's module unit, at Dirichlet alpha 0.1 and 1.0, on MNIST
+(DNN) and Fashion-MNIST (FedAvgCNN; also at a scale a 2-core CPU fits)."""
+
+from __future__ import annotations
+
+from fedtailor.fl.experiments import Block, Experiment, register_experiment
+from fedtailor.fl.registry import fedlag_bases
+
+FMNIST_REDUCED = ("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")
+
+
+def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
+    """Every base with and without FedLAG (``top_k = 0`` is the base exactly), the fixed First/Middle/Last-K, and
+    FedLAG scoring modules (a module's weight and bias as one layer; ``top_k = 1``: half of the DNN's two layers) at
+    both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``. The bases are every registered one that
+    FedLAG wraps (:func:`fedtailor.fl.registry.fedlag_bases`), so a new base is picked up."""
+    bases = fedlag_bases()
+    out = []
+    for a in ("01", "10"):
+        config = f"configs/fedlag/{prefix}-alpha{a}.toml"
+        out += [
+            Block(f"main-alpha{a}", config, (("method.name", bases), ("method.fedlag.top_k", ("0", "2")))),
+            Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),)),
+            Block(f"unit-alpha{a}", config, (("method.fedlag.unit", ("module",)),), ("method.fedlag.top_k=1",)),
+        ]
+    return tuple(out)
+
+
+register_experiment(
+    Experiment(
+        "fedlag-mnist",
+        "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
+        "(DNN) at Dirichlet alpha 0.1 and 1.0",
+        _fedlag_blocks("mnist-dnn"),
+        quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
+        metrics=("seen/accuracy",),
+    ),
+    Experiment(
+        "fedlag-fmnist",
+        "FedLAG on Fashion-MNIST (FedAvgCNN) at alpha 0.1 and 1.0",
+        _fedlag_blocks("fmnist-fedavgcnn"),
+        quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
+        metrics=("seen/accuracy",),
+    ),
+    Experiment(
+        "fedlag-fmnist-reduced",
+        "FedLAG on Fashion-MNIST (FedAvgCNN) at the scale this 2-core CPU fits: "
+        "FedAvg, FedPer and Ditto with and without FedLAG and fixed Last-K, 40 rounds (warm-up 20) on 20,000 "
+        "records, at alpha 0.1 and 1.0",
+        tuple(
+            b
+            for a in ("01", "10")
+            for b in (
+                Block(
+                    f"main-alpha{a}",
+                    f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
+                    (("method.name", ("fedavg", "fedper", "ditto")), ("method.fedlag.top_k", ("0", "2"))),
+                    FMNIST_REDUCED,
+                ),
+                Block(
+                    f"fixed-alpha{a}",
+                    f"configs/fedlag/fmnist-fedavgcnn-alpha{a}.toml",
+                    (("method.fedlag.choice", ("last",)),),
+                    FMNIST_REDUCED,
+                ),
+            )
+        ),
+        quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
+        metrics=("seen/accuracy",),
+    ),
+    module=__name__,
+)

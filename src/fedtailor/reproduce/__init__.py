@@ -1,0 +1,70 @@
+"""``fedtailor reproduce NAME``: the papers' experiments from one command, resumable, with tables, plots and one
+self-contained HTML report.
+
+An *experiment* is a list of *blocks*; a block is a config file, a grid of overrides (every combination is a
+point) and fixed overrides (:mod:`fedtailor.fl.experiments`; each method family registers its own in its
+``catalogue`` module). Every (point, seed) is an ordinary run directory ``OUT/NAME/<block>/<point>/seed<S>``, so
+an interrupted reproduction resumes: finished runs of the same resolved config are skipped, unfinished ones
+continue from their checkpoints. ``--quick`` adds the experiment's reduced-scale overrides and runs its first seed
+only (``--seeds`` gives more). ``all`` names every experiment; ``NAME/BLOCK[,BLOCK]`` runs only those blocks of an
+experiment (``compact-table1-mnist/eps16``) in the same folders, so the rest can be added later. A point whose
+resolved config (less its name) equals one planned before runs once: its folder is a link to the first (Table 2's
+alpha 0.5 is Table 1 at eps 16). ``--jobs N`` runs N processes of ``cores // N`` threads each
+(``OMP_NUM_THREADS``), never more than the cores.
+
+Three steps, one module each: :mod:`.plan` (the runs, validated before any starts), :mod:`.execute` (the
+processes) and :mod:`.report` (tables, plots, ``report.html``); :func:`reproduce` chains them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment
+from fedtailor.reproduce.execute import execute
+from fedtailor.reproduce.plan import Run, listing, plan
+from fedtailor.reproduce.report import html_report, tables
+
+__all__ = [
+    "EXPERIMENTS",
+    "Block",
+    "Experiment",
+    "Outcome",
+    "Run",
+    "execute",
+    "html_report",
+    "listing",
+    "plan",
+    "reproduce",
+    "tables",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What a reproduction did: every planned run, those that failed, and the HTML report."""
+
+    runs: list[Run]
+    failed: list[Run] = field(default_factory=list)
+    report: Path | None = None
+
+
+def reproduce(
+    names: list[str],
+    *,
+    out: Path,
+    seeds: list[int] | None = None,
+    quick: bool = False,
+    jobs: int = 1,
+    progress: Callable[[str], None] = log.info,
+) -> Outcome:
+    """Plan the named experiments, run what is not finished, and write their tables, plots and ``report.html``."""
+    runs = plan(names, out=out, seeds=seeds, quick=quick)
+    failed = execute(runs, jobs=jobs, progress=progress)
+    folders = tables(runs, out=out)
+    return Outcome(runs=runs, failed=failed, report=html_report(folders, out=out))

@@ -1,0 +1,101 @@
+"""The executor of ``fedtailor reproduce``: the planned runs that are not finished, each a ``fedtailor run``
+process writing its run directory (its log beside it), ``jobs`` at a time with ``cores // jobs`` threads each
+(``OMP_NUM_THREADS``), never more than the cores. A run waits for the run it needs; a link to an identical run is
+made once that run has finished."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from fedtailor.reproduce.plan import Run
+from fedtailor.rundir import completed
+
+log = logging.getLogger(__name__)
+
+
+def _log_path(run: Run) -> Path:
+    """The log of a run's process, beside its run directory."""
+    return run.out.parent / f"{run.out.name}.log"
+
+
+def execute(
+    runs: list[Run],
+    *,
+    jobs: int = 1,
+    progress: Callable[[str], None] = log.info,
+    command: Callable[[Run], list[str]] | None = None,
+) -> list[Run]:
+    """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
+    line after each start and finish: done / running / left and an estimate of the time left. ``command``: the
+    process of a run (default: ``fedtailor run`` with the run's overrides). Returns the runs that failed."""
+    cores = os.cpu_count() or 1
+    jobs = max(1, min(jobs, cores))
+    todo = [r for r in runs if not r.done]
+    done, failed = len(runs) - len(todo), []
+    running: dict[subprocess.Popen[bytes], tuple[Run, float, IO[str]]] = {}
+    durations: list[float] = []
+    threads = str(cores // jobs)  # jobs x threads never exceeds the cores
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    build = command or _run_command
+
+    def line() -> None:
+        left = len(todo) + len(running)
+        work = left - sum(r.same_as is not None for r in todo)  # links take no time
+        eta = (sum(durations) / len(durations)) * work / jobs if durations else float("nan")
+        progress(
+            f"reproduce: {done} done, {len(running)} running, {left - len(running)} waiting"
+            + (f", about {eta / 60:.1f} min left" if durations else "")
+        )
+
+    def ready() -> Run | None:  # the first waiting run whose prerequisite has finished
+        return next((r for r in todo if r.after is None or completed(r.after)), None)
+
+    line()
+    while todo or running:
+        while len(running) < jobs and (run := ready()) is not None:
+            todo.remove(run)
+            run.out.parent.mkdir(parents=True, exist_ok=True)
+            if run.same_as is not None:  # finished under its first name: link it (relative, so out can move)
+                if not run.out.is_symlink():
+                    run.out.symlink_to(os.path.relpath(run.same_as, run.out.parent), target_is_directory=True)
+                done += 1
+                line()
+                continue
+            logf = _log_path(run).open("w")  # closed when the run ends
+            proc = subprocess.Popen(build(run), env=env, stdout=logf, stderr=subprocess.STDOUT)
+            running[proc] = (run, time.time(), logf)
+            line()
+        time.sleep(0.2)
+        for proc in [p for p in running if p.poll() is not None]:
+            run, started, logf = running.pop(proc)
+            logf.close()
+            if proc.returncode == 0:
+                done += 1
+                durations.append(time.time() - started)
+            else:
+                failed.append(run)
+                progress(f"reproduce: {run.label} failed (exit {proc.returncode}); see {_log_path(run)}")
+            line()
+        if todo and not running and ready() is None:  # what is left waits for runs that failed
+            for run in todo:
+                failed.append(run)
+                progress(f"reproduce: {run.label} not run: {run.after} did not finish")
+            todo.clear()
+    return failed
+
+
+def _run_command(run: Run) -> list[str]:
+    """``python -m fedtailor run`` of the run's config and overrides into its run directory (resumed if begun)."""
+    cmd = [sys.executable, "-m", "fedtailor", "run", run.config, "--out", str(run.out), "--no-progress", "--no-plots"]
+    if run.out.exists() and any(run.out.iterdir()):
+        cmd.append("--resume")
+    for s in run.sets:
+        cmd += ["--set", s]
+    return cmd

@@ -1,0 +1,137 @@
+"""The planner of ``fedtailor reproduce``: the named experiments (from :mod:`fedtailor.fl.experiments`) as a list
+of runs, each with its run directory ``OUT/NAME/<block>/<point>/seed<S>``, its overrides and its resolved config,
+every config validated before anything runs. A point whose resolved config (less its name) was planned before is
+a link to the first; a run that reads another (``Block.needs``) is planned after it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import fedtailor
+from fedtailor.config import RunConfig, load_config
+from fedtailor.fl.experiments import EXPERIMENTS, Experiment
+from fedtailor.rundir import Point, completed, finished, point_dir, seed_dir, slug
+
+
+@dataclass
+class Run:
+    """One planned (point, seed) of an experiment's block.
+
+    ``after``: a run directory that must be finished first; ``same_as``: another planned run of the same resolved
+    config, linked to it and never run twice; ``cfg``: the resolved config (a finished run counts only if it ran
+    exactly this)."""
+
+    experiment: str
+    block: str
+    point: Point
+    seed: int
+    config: str
+    sets: list[str]
+    out: Path
+    cfg: RunConfig
+    after: Path | None = None
+    same_as: Path | None = None
+
+    @property
+    def label(self) -> str:
+        """``NAME/BLOCK/POINT seed S``, as messages name the run."""
+        return f"{self.experiment}/{self.block}/{slug(self.point)} seed {self.seed}"
+
+    @property
+    def done(self) -> bool:
+        """A finished run of this point's resolved config (a ``--quick`` result, or a run with other settings,
+        in the same folder is not this run)."""
+        return finished(self.out, self.cfg)
+
+
+def _config_path(config: str) -> str:
+    """A block's config as given if it exists from here, else inside the fedtailor checkout this package runs from
+    (``configs/...`` beside ``src/``), so a reproduction starts from any directory."""
+    if Path(config).exists():
+        return config
+    beside = Path(fedtailor.__file__).resolve().parents[2] / config
+    return str(beside) if beside.exists() else config
+
+
+def _once(values: Sequence[object], what: str, noun: str) -> None:
+    """Refuse a repeated seed or grid value: it would count twice in the mean and shrink the std over seeds."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise ValueError(f"{what} gives {noun} {twice[0]} more than once; give each {noun} once.")
+
+
+def plan(
+    names: list[str],
+    *,
+    out: Path,
+    seeds: list[int] | None,
+    quick: bool,
+    registry: Mapping[str, Experiment] = EXPERIMENTS,
+) -> list[Run]:
+    """Every run of the named experiments (``all``: every one; ``NAME/BLOCK[,BLOCK]``: those blocks), each config
+    validated now (a bad point fails before any run)."""
+    from fedtailor.experiment import check_data_name
+
+    if seeds is not None:
+        _once(seeds, "--seeds", "seed")
+    runs: list[Run] = []
+    first: dict[str, Path] = {}  # resolved config (less name and out_dir) -> the run directory planned for it
+    for spec in [n for name in names for n in (registry if name == "all" else [name])]:
+        name, _, only = spec.partition("/")
+        if name not in registry:
+            raise ValueError(f"unknown experiment {name!r}; `fedtailor reproduce --list` shows them.")
+        exp = registry[name]
+        blocks = [b for b in exp.blocks if not only or b.name in only.split(",")]
+        if only and len(blocks) != len(set(only.split(","))):
+            raise ValueError(
+                f"{spec!r}: {name} has the blocks {', '.join(b.name for b in exp.blocks)}; "
+                f"name them as {name}/BLOCK[,BLOCK]."
+            )
+        run_seeds = seeds or (exp.seeds[:1] if quick else exp.seeds)
+        _once(run_seeds, f"{name}: the seeds", "seed")
+        known = {f"{b.name}/{slug(p)}" for b in exp.blocks for p in b.points()}
+        for block in blocks:
+            if block.needs is not None and block.needs not in known:
+                raise ValueError(f"{name}/{block.name} needs {block.needs!r}, which is not a run of {name}.")
+            _once([k for k, _ in block.grid], f"{name}/{block.name}: the grid", "key")
+            for key, values in block.grid:
+                _once(values, f"{name}/{block.name}: the grid of {key}", "value")
+            for point in block.points():
+                for seed in run_seeds:
+                    after = seed_dir(out / name / block.needs, seed) if block.needs else None
+                    fixed = [v.replace("{needs}", str(after)) for v in block.sets]
+                    sets = [*fixed, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
+                    try:
+                        cfg = load_config(config := _config_path(block.config), sets)
+                        check_data_name(cfg)
+                    except ValueError as err:
+                        raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
+                    run_dir = point_dir(out / name / block.name, point, seed)
+                    if any(r.out == run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
+                        continue
+                    key = cfg.model_dump_json(exclude={"name", "out_dir"})
+                    same = first.setdefault(key, run_dir)
+                    run = Run(name, block.name, point, seed, config, sets, run_dir, cfg, after=after)
+                    if same != run_dir and not (run_dir.exists() and not run_dir.is_symlink()):
+                        # the same run under another name (Factorized+ctx is Ours-DG): a link, once that finishes
+                        run.after = run.same_as = same
+                    runs.append(run)
+    planned = {r.out for r in runs}
+    for r in runs:
+        if r.after is not None and r.after not in planned and not completed(r.after):
+            raise ValueError(
+                f"{r.experiment}/{r.block} needs the run {r.after}; include its block too "
+                f"(e.g. {r.experiment} without /BLOCK)."
+            )
+    return runs
+
+
+def listing(registry: Mapping[str, Experiment] = EXPERIMENTS) -> str:
+    """One line per experiment: its name, how many runs (all seeds, and ``--quick``'s one seed), its description."""
+    lines = []
+    for exp in registry.values():
+        points = sum(len(b.points()) for b in exp.blocks)
+        lines.append(f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick)  {exp.description}")
+    return "\n".join(lines)
