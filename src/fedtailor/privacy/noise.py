@@ -1,9 +1,11 @@
-"""Noise of the privacy mechanisms: a cryptographic bit stream and a Gaussian sampler hardened against
+"""Noise of the privacy mechanisms: cryptographic bit streams and Gaussian samplers hardened against
 floating-point attacks.
 
-Every random draw of a release (the dense Gaussian noise, the context noise, LRSUQ's radius and dithers) comes
-from :func:`stream_words`: SHAKE-256 (the FIPS 202 extendable-output function, a cryptographic PRF of its input)
-of a 256-bit key and a label. Nothing is global and nothing depends on how many draws came before.
+Every random draw of a release comes from a keyed cryptographic stream of a 256-bit key and a label: what a
+decoder or a simulation regenerates (simulation noise, LRSUQ's radius and dithers) from :func:`stream_words`,
+SHAKE-256 (the FIPS 202 extendable-output function, a cryptographic PRF of its input); secure-mode noise that
+only its client draws (the dense codecs' noise, the context noise) from :func:`secure_stream_words`, ChaCha20,
+about 10x faster. Nothing is global and nothing depends on how many draws came before.
 
 Where the key comes from is the *randomness mode* (docs/privacy.md, "Randomness"):
 
