@@ -33,3 +33,6 @@ def test_bench_rows_cover_every_codec_with_sane_figures() -> None:
     ans = by["LRSUQ Z^4 (ans)"]
     assert float(ans["bits vs first"]) == pytest.approx(ans["bpc"] / rows[0]["bpc"], rel=1e-3)
     assert float(ans["bits vs first"]) < 0.07
+    assert by["DG FP32"]["target"] == "encode <= 1 ms" and by["LRSUQ Z^4 (ans)"]["target"] == "enc+dec <= 5 ms"
+    assert by["DG FP32 (simulation noise)"]["target"] == "" and by["DG+Q12"]["meets target"] == ""
+    assert by["DG FP32"]["meets target"] in ("yes", "no")

@@ -3,6 +3,10 @@
 * ``dg-fp32``: ``y = u + e``, ``e ~ N(0, sigma^2 I)`` drawn from the encoder's private ``noise_key`` (the shared
   release key only makes the header's check tag, so its holder cannot regenerate ``e``), sent as dense float32
   (32 bits per coefficient). The decoded vector is ``y`` rounded to float32.
+
+The noise: with a ``noise_key`` (secure mode) :func:`fedtailor.privacy.noise.secure_gaussian_noise` (ChaCha20,
+four Box-Muller draws from distinct pairs over two, about 0.6 ms at k = 16,384); without one (simulation)
+:func:`fedtailor.privacy.noise.gaussian_noise` of the shared release key (SHAKE-256, unchanged bit for bit).
 * ``dg-q12``: the communication comparison of *Privacy-Aligned Personalized Federated Learning with Compact
   Adaptation and Variable-Length Gaussian Communication*: the noisy vector quantised *after* noising to 12
   bits, uniformly over its range ``[min y, max y]`` (both float64 in the payload); decoded as
@@ -27,9 +31,17 @@ def gaussian_noise(key: int, sigma: float, dim: int) -> np.ndarray:
     return noise.gaussian_noise(key, "dg", sigma=sigma, size=dim)
 
 
-def _noise_key(key: int, noise_key: int | None) -> int:
-    """The key the dense noise is drawn from: the encoder's own ``noise_key``, else (simulation) the shared key."""
-    return key if noise_key is None else check_key(noise_key)
+def secure_gaussian_noise(noise_key: int, sigma: float, dim: int) -> np.ndarray:
+    """``N(0, sigma^2 I_dim)`` from the encoder's own key (:func:`fedtailor.privacy.noise.secure_gaussian_noise`)."""
+    return noise.secure_gaussian_noise(noise_key, "dg", sigma=sigma, size=dim)
+
+
+def dense_noise(key: int, noise_key: int | None, sigma: float, dim: int) -> np.ndarray:
+    """The dense noise of a release: from the encoder's own ``noise_key`` (secure mode, ChaCha20), else
+    (simulation) from the shared key (SHAKE-256: whoever holds ``key`` can regenerate it)."""
+    if noise_key is None:
+        return gaussian_noise(key, sigma, dim)
+    return secure_gaussian_noise(check_key(noise_key), sigma, dim)
 
 
 def _decode_args(key: object, sigma: object, dim: object, *, allow_zero: bool = False) -> tuple[int, float, int]:
@@ -51,7 +63,7 @@ class DirectGaussianCodec(Codec):
     def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
         key, sigma = check_key(key), check_sigma(sigma, allow_zero=True)
         u = check_input(u, sigma, bound_sigmas=False)
-        y = (u + gaussian_noise(_noise_key(key, noise_key), sigma, u.size)).astype("<f4")
+        y = (u + dense_noise(key, noise_key, sigma, u.size)).astype("<f4")
         if not np.all(np.isfinite(y)):
             raise ValueError("u + noise overflows float32; rescale u")
         return seal(self.frame, dim=u.size, key=key, sigma=sigma, payload=y.tobytes())
@@ -105,7 +117,7 @@ class DGQ12Codec(Codec):
     def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
         key, sigma = check_key(key), check_sigma(sigma)
         u = check_input(u, sigma, bound_sigmas=False)
-        y = u + gaussian_noise(_noise_key(key, noise_key), sigma, u.size)
+        y = u + dense_noise(key, noise_key, sigma, u.size)
         lo, hi = float(y.min()), float(y.max())
         if not np.isfinite(hi - lo):
             raise ValueError("the range of u + noise overflows float64; rescale u")

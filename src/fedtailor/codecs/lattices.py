@@ -32,7 +32,9 @@ def unit_ball_volume(b: int) -> float:
 
 def words_to_unit(words: np.ndarray) -> np.ndarray:
     """Top 53 bits of each word as an exact dyadic number in [0, 1)."""
-    return (words >> np.uint64(11)).astype(np.float64) * _TWO_M53
+    out = (words >> np.uint64(11)).astype(np.float64)
+    out *= _TWO_M53
+    return out
 
 
 class Lattice(ABC):
@@ -91,10 +93,13 @@ class IntegerLattice(Lattice):
         self.name = "Z"
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
-        return np.floor(x + 0.5)
+        out = x + 0.5
+        return np.floor(out, out=out)
 
     def dither(self, words: np.ndarray) -> np.ndarray:
-        return words_to_unit(words) - 0.5
+        out = words_to_unit(words)
+        out -= 0.5
+        return out
 
     def cell_volume(self) -> float:
         return 1.0

@@ -27,6 +27,7 @@ All loops run over iterations, never over blocks.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 
@@ -36,7 +37,7 @@ from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, che
 from fedtailor.codecs.entropy import MAX_ABS_M, IterationLaw, make_coder
 from fedtailor.codecs.format import Frame, open_message, seal
 from fedtailor.codecs.lattices import Lattice, make_lattice
-from fedtailor.privacy.noise import open_unit, stream_words
+from fedtailor.privacy.noise import KEY_BITS, open_unit, stream_words
 from fedtailor.rng import derive_key
 
 CODEC_ID = 3
@@ -44,13 +45,21 @@ MAX_BLOCK = 8
 
 
 class IterationStream:
-    """The dither stream of one release: iteration j reads the SHAKE-256 stream ``(key, j)`` (any order)."""
+    """The dither stream of one release: iteration j reads the SHAKE-256 stream ``(key, j)`` (any order).
+
+    The words are those of ``stream_words(key, iteration, count=count)``; the key's bytes are encoded once per
+    release instead of once per iteration (about 50 streams a release)."""
 
     def __init__(self, key: int) -> None:
         self._key = key
+        self._prefix = check_key(key).to_bytes(KEY_BITS // 8, "little")
 
     def words(self, iteration: int, count: int) -> np.ndarray:
-        return stream_words(self._key, iteration, count=count)
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        raw = str(int(iteration)).encode()  # the length-prefixed int label of stream_words
+        seed = self._prefix + len(raw).to_bytes(8, "little") + raw
+        return np.frombuffer(hashlib.shake_256(seed).digest(8 * count), dtype="<u8")
 
 
 def chi_square_from_words(words: np.ndarray, dof: int) -> np.ndarray:
@@ -138,7 +147,10 @@ class LRSUQCodec(Codec):
 
     # --- the mechanism on blocks ---------------------------------------------------------------------------
     def encode_blocks(self, ub: np.ndarray, *, key: int, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(K, M, V_K) for the blocks ``ub`` (shape (n, b)); vectorised over the unaccepted blocks."""
+        """(K, M, V_K) for the blocks ``ub`` (shape (n, b)); vectorised over the unaccepted blocks.
+
+        Each iteration works on the still unaccepted blocks only; the accepted ones are kept as (rows, M, V)
+        pieces and put in block order once at the end (one gather per array, no scatter per iteration)."""
         n, b = ub.shape
         x = ub / (self.radius(key, sigma, n) * self.cell_scale())[:, None]
         if np.max(np.abs(x)) >= MAX_ABS_M:
@@ -146,28 +158,39 @@ class LRSUQCodec(Codec):
         bound = 1.0 / self.cell_scale() ** 2
         ones = np.ones(b)
         index = np.arange(n)
-        rows, ms, vs = [], [], []
+        rows, ms, vs, counts, iters = [], [], [], [], []
         stream = self.dither_stream(key)
         for j in range(1, self.law.k_max + 1):
             v = self.lattice.dither(self.dither_words(stream, j, index.size))
-            m = self.lattice.quantize(x - v)
+            t = np.subtract(x, v)
+            m = self.lattice.quantize(t)
             e = self.candidate_error(m, v, x)
-            ok = (e * e) @ ones <= bound
-            # np.compress is several times faster than boolean indexing on (n, b) arrays.
-            rows.append(index[ok])
-            ms.append(np.compress(ok, m, axis=0))
-            vs.append(np.compress(ok, v, axis=0))
-            keep = ~ok
-            index, x = index[keep], np.compress(keep, x, axis=0)
-            if index.size == 0:
-                done = np.concatenate(rows)
-                k = np.empty(n, dtype=np.int64)
-                k[done] = np.repeat(np.arange(1, j + 1), [r.size for r in rows])
-                m_out = np.empty((n, b), dtype=np.int64)
-                m_out[done] = np.concatenate(ms)
-                v_out = np.empty((n, b))
-                v_out[done] = np.concatenate(vs)
-                return k, m_out, v_out
+            np.multiply(e, e, out=e)
+            ok = e @ ones <= bound
+            accepted = np.count_nonzero(ok)
+            if accepted == index.size:  # the last iteration (and most of the tail): no compress
+                rows.append(index)
+                ms.append(m)
+                vs.append(v)
+                counts.append(accepted)
+                iters.append(j)
+                order = np.empty(n, dtype=np.int64)  # order[block] = its position among the pieces
+                order[np.concatenate(rows)] = np.arange(n)
+                k = np.repeat(iters, counts)[order]
+                return (
+                    k,
+                    np.concatenate(ms).astype(np.int64).take(order, axis=0),
+                    np.concatenate(vs).take(order, axis=0),
+                )
+            if accepted:
+                # np.compress is several times faster than boolean indexing on (n, b) arrays.
+                rows.append(index.compress(ok))
+                ms.append(m.compress(ok, axis=0))
+                vs.append(v.compress(ok, axis=0))
+                counts.append(accepted)
+                iters.append(j)
+                keep = ~ok
+                index, x = index.compress(keep), x.compress(keep, axis=0)
         raise CodecError(
             f"{index.size} block(s) unaccepted after k_max = {self.law.k_max} iterations (probability < 1e-30 "
             "per block): check that the lattice cell contains the ball"
@@ -177,20 +200,31 @@ class LRSUQCodec(Codec):
         """V at ``iteration[i]`` for every block i, given the iteration counts K (which fix the active sets).
 
         Iteration j's words go, b at a time, to the blocks with K >= j in block order (all blocks for j <= 1).
+        The wanted words of every iteration are gathered first and turned into dithers in one call.
         """
-        n = k.size
-        v = np.empty((n, self.block_size))
+        n, b = k.size, self.block_size
         if n == 0:
-            return v
+            return np.empty((n, b))
         stream = self.dither_stream(key)
         active = np.arange(n)
+        targets, pieces = [], []
         for j in range(int(iteration.min()), int(iteration.max()) + 1):
-            active = active[k[active] >= j]
-            want = np.flatnonzero(iteration[active] == j)
+            active = active.compress(k.take(active) >= j)
+            want = (iteration.take(active) == j).nonzero()[0]
             if want.size:
                 words = self.dither_words(stream, j, int(want[-1]) + 1)
-                v[active[want]] = self.lattice.dither(words.take(want, axis=0))
-        return v
+                targets.append(active[want])
+                pieces.append(words.take(want, axis=0))
+        if not targets:
+            return np.empty((n, b))
+        rows, words = np.concatenate(targets), np.concatenate(pieces)
+        if rows.size < n:  # some block's iteration is beyond its K (a broken variant): its row stays undefined
+            v = np.empty((n, b))
+            v[rows] = self.lattice.dither(words)
+            return v
+        order = np.empty(n, dtype=np.int64)
+        order[rows] = np.arange(n)
+        return self.lattice.dither(words.take(order, axis=0))
 
     def decoder_dithers(self, key: int, k: np.ndarray) -> np.ndarray:
         """V_K of every block as the decoder regenerates it."""

@@ -72,17 +72,20 @@ def context_sensitivity(m_c: int, *, tight: bool = False) -> float:
     return (1.0 if tight else 2.0) / m_c
 
 
-def release_context(x: torch.Tensor, *, sigma: float, key: int) -> torch.Tensor:
+def release_context(x: torch.Tensor, *, sigma: float, key: int, secure: bool = False) -> torch.Tensor:
     """One-shot release ``c~_i = context_mean(x) + N(0, sigma^2 I_{2C})`` (docs/subspace.md), noise from ``key``.
 
-    ``x`` is the client's whole conditioning set (``m_c`` records). The noise comes from
-    :func:`fedtailor.privacy.noise.gaussian_noise` (SHAKE-256 stream of the 256-bit ``key``, label "context"):
-    pass ``fedtailor.rng.fresh_key()`` outside simulation, ``derive_key(seed, ...)`` for a reproducible run.
+    ``x`` is the client's whole conditioning set (``m_c`` records). Outside simulation pass
+    ``key=fedtailor.rng.fresh_key(), secure=True``: the noise comes from
+    :func:`fedtailor.privacy.noise.secure_gaussian_noise` (ChaCha20, Opacus's four-draw floating-point defence).
+    For a reproducible run pass ``derive_key(seed, ...)`` (``secure=False``: the SHAKE-256 sampler
+    :func:`fedtailor.privacy.noise.gaussian_noise`, label "context").
     """
-    from fedtailor.privacy.noise import gaussian_noise
+    from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
 
     if not (math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be a finite non-negative noise scale, got {sigma}.")
     mean = context_mean(x)
-    noise = torch.from_numpy(gaussian_noise(key, "context", sigma=sigma, size=mean.numel()))
+    sampler = secure_gaussian_noise if secure else gaussian_noise
+    noise = torch.from_numpy(sampler(key, "context", sigma=sigma, size=mean.numel()))
     return mean + noise.to(device=mean.device, dtype=mean.dtype).reshape(mean.shape)

@@ -433,7 +433,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             secret, noise_key = fresh_key(), fresh_key()
         reply = Message()
         if msg.config.get("context"):
-            reply.arrays["context"] = release_context(data.context, sigma=float(msg.config["sigma"]), key=noise_key)
+            reply.arrays["context"] = release_context(
+                data.context, sigma=float(msg.config["sigma"]), key=noise_key, secure=not self.simulation
+            )
         if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
             reply.config["codec_secret"] = secret.to_bytes(32, "little")
         return reply, CompactClient(codec_secret=secret, set_up=True)

@@ -19,7 +19,7 @@ from fedtailor.fl.records import Abstained, InvalidMessage, Message, RequestRefu
 from fedtailor.methods.compact.adaptation import CompactClient, release_norm_bound
 from fedtailor.methods.compact.adaptation_test import SMALL
 from fedtailor.methods.compact.privacy_test import SECURE, build
-from fedtailor.privacy.noise import gaussian_noise
+from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
 from fedtailor.rng import derive_key
 
 
@@ -64,9 +64,10 @@ def test_the_server_side_cannot_regenerate_the_noise_of_a_secure_release(codec, 
     """Everything the server side holds (its state with the key ring, a checkpoint of the whole run, which in
     this in-process run even holds the clients' states, and the reply) gives no key whose Gaussian stream
     correlates with the real noise y - u. Each candidate is tried as the noise key itself, as the release key
-    made from it, and as the seed's simulation keys; under independence a correlation is N(0, 1/k), so the
-    bound 6/sqrt(k) fails an honest run with probability < 1e-8 per candidate, while a regenerable noise gives
-    a correlation near 1 (the old secure mode, where DG noise came from the shared release key)."""
+    made from it, and as the seed's simulation keys, through both samplers (SHAKE-256 and ChaCha20); under
+    independence a correlation is N(0, 1/k), so the bound 6/sqrt(k) fails an honest run with probability < 1e-8
+    per candidate, while a regenerable noise gives a correlation near 1 (the old secure mode, where DG noise came
+    from the shared release key)."""
     setup, method, state, cid, u, y, reply = _secure_release(codec)
     e = y - u
     ckpt = tmp_path / "checkpoint.pt"
@@ -80,7 +81,11 @@ def test_the_server_side_cannot_regenerate_the_noise_of_a_secure_release(codec, 
         candidates |= {s, release_key(s, cid, 1), derive_key(s, "dg-noise", cid, 1)}
     candidates |= {release_key(derive_key(method.seed, "release-secret", cid), cid, 1)}
     k, sigma = len(e), state.server.sigma
-    worst = max(abs(float(np.corrcoef(gaussian_noise(key, "dg", sigma=sigma, size=k), e)[0, 1])) for key in candidates)
+    worst = max(
+        abs(float(np.corrcoef(sampler(key, "dg", sigma=sigma, size=k), e)[0, 1]))
+        for key in candidates
+        for sampler in (gaussian_noise, secure_gaussian_noise)  # the simulation and the secure (ChaCha20) sampler
+    )
     assert worst < 6 / math.sqrt(k), f"the server regenerates the noise (correlation {worst:.3f})"
 
 
