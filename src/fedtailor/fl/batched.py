@@ -42,6 +42,83 @@ class Unsupported(Exception):
     """The model is not a chain of the layers this engine differentiates by hand."""
 
 
+class Sink:
+    """Where a backward pass puts the gradients of the names in ``want``: :meth:`bmm` (a batched product) and
+    :meth:`add` (a tensor), each a contribution to one name's gradient."""
+
+    want: frozenset[str]
+
+    def bmm(self, name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.add(name, torch.bmm(a, b))
+
+    def add(self, name: str, g: torch.Tensor, alpha: float = 1.0) -> None:
+        raise NotImplementedError
+
+
+class Collect(Sink):
+    """Gradients into a dict (summed by name)."""
+
+    def __init__(self, want: frozenset[str]) -> None:
+        self.want, self.grads = want, {}
+
+    def add(self, name, g, alpha=1.0):
+        g = g if alpha == 1.0 else alpha * g
+        self.grads[name] = self.grads[name] + g if name in self.grads else g
+
+
+class SGDStep(Sink):
+    """One SGD step of ``theta[n][rows]`` applied as the gradient contributions arrive: without momentum
+    ``theta -= lr g`` in place (a weight gradient ``a @ b`` fused into ``baddbmm_``: the gradient is never
+    stored), with momentum ``v = momentum v + g`` (as ``torch.optim.SGD``) and ``theta -= lr v`` at
+    :meth:`finish`. ``rows``: a slice (the prefix of clients still training: views) or an index tensor."""
+
+    def __init__(self, theta: Params, velocity: Params, want: frozenset[str], rows, lr: float, momentum: float):
+        self.theta, self.velocity, self.want, self.rows = theta, velocity, want, rows
+        self.lr, self.momentum, self.view = lr, momentum, isinstance(rows, slice)
+        self.started: dict[str, torch.Tensor] = {}
+
+    def _velocity(self, name: str) -> tuple[torch.Tensor, bool]:
+        """(this step's velocity rows, whether this is the name's first contribution in the step)."""
+        if name in self.started:
+            return self.started[name], False
+        v = self.velocity[name][self.rows]
+        self.started[name] = v
+        return v, True
+
+    def bmm(self, name, a, b):
+        if self.momentum:
+            v, first = self._velocity(name)
+            v.baddbmm_(a, b, beta=self.momentum if first else 1.0)
+        elif self.view:
+            self.theta[name][self.rows].baddbmm_(a, b, alpha=-self.lr)
+        else:
+            self.theta[name].index_add_(0, self.rows, torch.bmm(a, b), alpha=-self.lr)
+
+    def add(self, name, g, alpha=1.0):
+        if self.momentum:
+            v, first = self._velocity(name)
+            if first:
+                v.mul_(self.momentum)
+            v.add_(g, alpha=alpha)
+        elif self.view:
+            self.theta[name][self.rows].sub_(g, alpha=self.lr * alpha)
+        else:
+            self.theta[name].index_add_(0, self.rows, g, alpha=-self.lr * alpha)
+
+    def finish(self) -> None:
+        for name in self.want:
+            if not self.momentum:
+                return
+            v, first = self._velocity(name)
+            if first:  # no contribution this step: the velocity still decays and steps
+                v.mul_(self.momentum)
+            if self.view:
+                self.theta[name][self.rows].sub_(v, alpha=self.lr)
+            else:
+                self.velocity[name][self.rows] = v
+                self.theta[name].index_add_(0, self.rows, v, alpha=-self.lr)
+
+
 # ----- layers: forward over (A, B, ...) with stacked parameters, backward by hand ---------------------------
 
 
@@ -52,10 +129,9 @@ class Layer:
     def forward(self, p: Params, h: torch.Tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
-    def backward(
-        self, p: Params, g: torch.Tensor, ctx: Any, grads: Params, want: frozenset[str], need_input: bool
-    ) -> torch.Tensor | None:
-        """Adds the gradients of the names in ``want`` to ``grads``; returns the input's gradient if needed."""
+    def backward(self, p: Params, g: torch.Tensor, ctx: Any, sink: Sink, need_input: bool) -> torch.Tensor | None:
+        """Hands the gradients of its parameters to ``sink`` (after computing the input's gradient, which it
+        returns if needed: a sink may update the parameters in place)."""
         raise NotImplementedError
 
 
@@ -70,13 +146,14 @@ class Linear(Layer):
         )
         return out, h
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         w = self.names[0]
-        if w in want:
-            grads[w] = torch.bmm(g.transpose(1, 2), ctx)
-        if len(self.names) > 1 and self.names[1] in want:
-            grads[self.names[1]] = g.sum(1)
-        return torch.bmm(g, p[w]) if need_input else None
+        out = torch.bmm(g, p[w]) if need_input else None
+        if w in sink.want:
+            sink.bmm(w, g.transpose(1, 2), ctx)
+        if len(self.names) > 1 and self.names[1] in sink.want:
+            sink.add(self.names[1], g.sum(1))
+        return out
 
 
 @dataclass
@@ -95,10 +172,10 @@ class Conv2d(Layer):
         )
         return out, h
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         w = p[self.names[0]]
         has_bias = len(self.names) > 1
-        mask = [need_input, self.names[0] in want, has_bias and self.names[1] in want]
+        mask = [need_input, self.names[0] in sink.want, has_bias and self.names[1] in sink.want]
         if not any(mask):
             return None
         parts = [
@@ -117,11 +194,12 @@ class Conv2d(Layer):
             )
             for c in range(len(g))
         ]
+        out = torch.stack([q[0] for q in parts]) if need_input else None
         if mask[1]:
-            grads[self.names[0]] = torch.stack([q[1] for q in parts])
+            sink.add(self.names[0], torch.stack([q[1] for q in parts]))
         if mask[2]:
-            grads[self.names[1]] = torch.stack([q[2] for q in parts])
-        return torch.stack([q[0] for q in parts]) if need_input else None
+            sink.add(self.names[1], torch.stack([q[2] for q in parts]))
+        return out
 
 
 @dataclass
@@ -130,7 +208,7 @@ class ReLU(Layer):
         out = torch.relu(h)
         return out, out
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         return torch.ops.aten.threshold_backward(g, ctx, 0) if need_input else None
 
 
@@ -144,7 +222,7 @@ class MaxPool2d(Layer):
         out, idx = torch.ops.aten.max_pool2d_with_indices(flat, list(self.kernel), list(self.stride), [0, 0])
         return out.reshape(*h.shape[:2], *out.shape[1:]), (flat, idx)
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         if not need_input:
             return None
         flat, idx = ctx
@@ -159,7 +237,7 @@ class Flatten(Layer):
     def forward(self, p, h):
         return h.reshape(*h.shape[:2], -1), h.shape
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         return g.reshape(ctx) if need_input else None
 
 
@@ -174,7 +252,7 @@ class Constant(Layer):
     def forward(self, p, h):
         return (self.op(self.value, h) if self.reverse else self.op(h, self.value)), None
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         if not need_input:
             return None
         if self.op is operator.add:
@@ -308,7 +386,7 @@ class _Div(Layer):
     def forward(self, p, h):
         return h / self.value, None
 
-    def backward(self, p, g, ctx, grads, want, need_input):
+    def backward(self, p, g, ctx, sink, need_input):
         return g / self.value if need_input else None
 
 
@@ -371,65 +449,72 @@ def _cross_entropy(z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torc
     return loss, g.div_(y.shape[1])
 
 
-def _pass(
-    chain: Chain, p: Params, want: frozenset[str], h: torch.Tensor, y: torch.Tensor, offset: torch.Tensor | None
-) -> tuple[Params, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward and backward of the chain's cross-entropy: (gradients of ``want``, loss per client, the last
-    layer's input, the logits)."""
+def _forward(chain: Chain, p: Params, want: frozenset[str], h: torch.Tensor) -> tuple[torch.Tensor, list[Any], int]:
+    """(logits, the layers' saved inputs, the index of the lowest layer the backward must reach)."""
     layers = chain.layers[chain.start :]
     lowest = next((i for i, layer in enumerate(layers) if set(layer.names) & want), len(layers))
     ctxs = []
     for i, layer in enumerate(layers):
         h, ctx = layer.forward(p, h)
         ctxs.append(ctx if i >= lowest or i == len(layers) - 1 else None)
-    loss, g = _cross_entropy(h if offset is None else h + offset.unsqueeze(1), y)
-    grads: Params = {}
+    return h, ctxs, lowest
+
+
+def _backward(chain: Chain, p: Params, g: torch.Tensor, ctxs: list[Any], lowest: int, sink: Sink) -> None:
+    layers = chain.layers[chain.start :]
     for i in range(len(layers) - 1, lowest - 1, -1):
-        g = layers[i].backward(p, g, ctxs[i], grads, want, need_input=i > lowest)
-    return grads, loss, ctxs[-1], h
+        g = layers[i].backward(p, g, ctxs[i], sink, need_input=i > lowest)
 
 
 def gradient_step(
     chain: Chain,
     theta: Params,
-    want: frozenset[str],
+    sink: Sink,
     h: torch.Tensor,
     y: torch.Tensor,
     objective: Objective,
     rows: slice | torch.Tensor,
-) -> tuple[Params, torch.Tensor]:
-    """Gradients of the names in ``want`` and the loss per client of clients ``theta[n][rows]`` on the batches
-    ``h`` (``(A, B, ...)``, after the chain's parameter-free prefix) with labels ``y`` (``(A, B)``)."""
+) -> torch.Tensor:
+    """The gradient of ``objective`` for the names in ``sink.want`` of clients ``theta[n][rows]`` on the
+    batches ``h`` (``(A, B, ...)``, after the chain's parameter-free prefix) with labels ``y`` (``(A, B)``),
+    handed to ``sink`` (which may update ``theta`` in place: every term is computed from the values at the start
+    of the step before the main backward runs). Returns the loss per client."""
     p = {n: t[rows] for n, t in theta.items()}
-    obj = objective
+    obj, want = objective, sink.want
     offset = None if obj.offset is None else obj.offset[rows]
-    grads, loss, rep, logits = _pass(chain, p, want, h, y, offset)
+    logits, ctxs, lowest = _forward(chain, p, want, h)
+    loss, g = _cross_entropy(logits if offset is None else logits + offset.unsqueeze(1), y)
+    later: list[tuple[str, torch.Tensor]] = []  # contributions of the other terms, handed over after the backward
+    for n, a in obj.anchor.items():
+        d = p[n] - a[rows]
+        if n in want:
+            later.append((n, obj.mu * d))
+        loss = loss + 0.5 * obj.mu * d.pow(2).flatten(1).sum(1)
     if obj.personal_head:
         head = chain.layers[-1]
         phi = {name: p[key] for key, name in obj.personal_head.items()}
-        z, _ = head.forward(phi, rep)
-        extra, g = _cross_entropy(logits + z, y)
-        head_grads: Params = {}
-        head.backward(phi, g, rep, head_grads, frozenset(head.names), need_input=False)
-        grads.update({key: head_grads[name] for key, name in obj.personal_head.items() if key in want})
+        z, _ = head.forward(phi, ctxs[-1])
+        extra, g_phi = _cross_entropy(logits + z, y)
+        got = Collect(frozenset(head.names))
+        head.backward(phi, g_phi, ctxs[-1], got, need_input=False)
+        later += [(key, got.grads[name]) for key, name in obj.personal_head.items() if key in want]
         loss = loss + extra
     if obj.mixture:
         v = {name: p[key] for key, name in obj.mixture.items()}
         alpha = {n: p[obj.alpha].reshape(-1, *[1] * (t.ndim - 1)) for n, t in v.items()}  # broadcast per client
         mix = {**p, **{n: alpha[n] * v[n] + (1 - alpha[n]) * p[n] for n in v}}
-        g_mix, extra, _, _ = _pass(chain, mix, frozenset(v), h, y, None)
-        for key, name in obj.mixture.items():
-            if key in want:
-                grads[key] = alpha[name] * g_mix[name]
+        got = Collect(frozenset(v))
+        mixed_logits, mix_ctxs, mix_lowest = _forward(chain, mix, got.want, h)
+        extra, g_mix = _cross_entropy(mixed_logits, y)
+        _backward(chain, mix, g_mix, mix_ctxs, mix_lowest, got)
+        later += [(key, alpha[name] * got.grads[name]) for key, name in obj.mixture.items() if key in want]
         if obj.alpha in want:
-            grads[obj.alpha] = sum(((v[n] - p[n]) * g_mix[n]).flatten(1).sum(1) for n in v)
+            later.append((obj.alpha, sum(((v[n] - p[n]) * got.grads[n]).flatten(1).sum(1) for n in v)))
         loss = loss + extra
-    for n, a in obj.anchor.items():
-        d = p[n] - a[rows]
-        if n in want:
-            grads[n] = grads[n].add(d, alpha=obj.mu) if n in grads else obj.mu * d
-        loss = loss + 0.5 * obj.mu * d.pow(2).flatten(1).sum(1)
-    return grads, loss
+    _backward(chain, p, g, ctxs, lowest, sink)
+    for n, t in later:
+        sink.add(n, t)
+    return loss
 
 
 def supports(chain: Chain | None, objective: Objective, trainable: Collection[str], names: Collection[str]) -> bool:
@@ -494,19 +579,6 @@ def explicit_sgd(
     full_s = [full[c] for c in perm]
     totals = torch.zeros(count_c, dtype=torch.float64, device=device)
 
-    def update(grads: Params, rows: slice | torch.Tensor) -> None:
-        for n in names:
-            g = grads[n]
-            if isinstance(rows, slice):
-                if momentum:
-                    g = velocity[n][rows].mul_(momentum).add_(g)
-                theta[n][rows].sub_(g, alpha=lr)
-            else:
-                if momentum:
-                    g = velocity[n][rows].mul_(momentum).add_(g)
-                    velocity[n][rows] = g
-                theta[n].index_add_(0, rows, g, alpha=-lr)
-
     def project() -> None:  # APFL's alpha onto [0, 1] (elementwise: the clients that did not step keep theirs)
         if objective.mixture and objective.alpha in want:
             theta[objective.alpha].clamp_(0.0, 1.0)
@@ -525,8 +597,9 @@ def explicit_sgd(
             for s in range(steps):
                 a = active[s]
                 idx = index[:a, s * batch_size : (s + 1) * batch_size]
-                grads, loss = gradient_step(chain, theta, want, x_all[idx], y_all[idx], obj, slice(0, a))
-                update(grads, slice(0, a))
+                step = SGDStep(theta, velocity, want, slice(0, a), lr, momentum)
+                loss = gradient_step(chain, theta, step, x_all[idx], y_all[idx], obj, slice(0, a))
+                step.finish()
                 project()
                 totals[:a] += loss.double() * batch_size
             rest = [sizes[c] - full_s[j] * batch_size for j, c in enumerate(perm)]
@@ -534,8 +607,9 @@ def explicit_sgd(
                 picked = [j for j in range(count_c) if rest[j] == r]
                 rows = torch.tensor(picked, device=device)
                 idx = torch.stack([orders[j][full_s[j] * batch_size :] for j in picked])
-                grads, loss = gradient_step(chain, theta, want, x_all[idx], y_all[idx], obj, rows)
-                update(grads, rows)
+                step = SGDStep(theta, velocity, want, rows, lr, momentum)
+                loss = gradient_step(chain, theta, step, x_all[idx], y_all[idx], obj, rows)
+                step.finish()
                 project()
                 totals[rows] += loss.double() * r
     means = totals / (epochs * torch.tensor([sizes[c] for c in perm], dtype=torch.float64, device=device))

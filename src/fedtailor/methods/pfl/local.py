@@ -83,9 +83,10 @@ class LocalSGDConfig(Section):
     batch_size: int = Field(32, ge=1)
     vectorize: bool | Literal["auto"] = Field(
         "auto",
-        description="run the clients of a round together (torch.func.vmap over stacked client models); "
-        "false: one client after another (same results to float rounding); auto: together except convolutional "
-        "models on the CPU, where it is slower (docs/pfl.md)",
+        description="run the clients of a round together (fl/batched.py: a hand-written backward over stacked "
+        "client models; torch.func.vmap for other models); false: one client after another (same results to "
+        "float rounding); auto: together, except a convolutional model without the hand-written backward on "
+        "the CPU, where vmap is slower (docs/pfl.md)",
     )
     update_bound: float | None = Field(
         None,
