@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
+from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
 from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
@@ -56,20 +57,11 @@ class APFL(LocalTraining):
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
     ) -> tuple[Params, Params, Any]:
         keys = {f"{PERSONAL}{n}": n for n in self.names}
-
-        def loss(p: Params, aux: Params, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-            w = {n: p[n] for n in self.names}
-            v = {n: p[k] for k, n in keys.items()}
-            alpha = p[ALPHA] if self.adaptive else p[ALPHA].detach()
-            mix = self.mixed({n: t.detach() for n, t in w.items()}, v, alpha)
-            return self.ce_loss(w, aux, xb, yb) + self.ce_loss(mix, aux, xb, yb)
-
-        def clip(p: Params) -> Params:
-            return {ALPHA: p[ALPHA].clamp(0.0, 1.0)}
-
+        # f_i(w) + f_i(alpha v + (1 - alpha) stopgrad(w)), alpha projected onto [0, 1] after every step
+        objective = Objective(mixture=keys, alpha=ALPHA)
         joint = {**theta, **{k: extra[n] for k, n in keys.items()}, ALPHA: extra[ALPHA]}
         trainable = frozenset(joint) if self.adaptive else frozenset(joint) - {ALPHA}
-        joint, value = self.sgd(joint, data, rnd, loss=loss, trainable=trainable, project=clip)
+        joint, value = self.sgd(joint, data, rnd, objective=objective, trainable=trainable)
         new_extra = {**{n: joint[k] for k, n in keys.items()}, ALPHA: joint[ALPHA]}
         return {n: joint[n] for n in self.names}, new_extra, value
 

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, prox_term
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
 
 
@@ -42,11 +43,14 @@ class Ditto(LocalTraining):
     ) -> tuple[Params, Params, Any]:
         anchor = {n: theta[n].detach() for n in self.names}  # w^t as the client starts the round
 
-        def personal_loss(v: Params, w: Params, x, y):
-            return self.ce_loss(v, w, x, y) + prox_term(v, w, self.lam)
-
+        # F_i(v) + (lambda / 2) ||v - w^t||^2
         personal, _ = self.sgd(
-            extra, data, rnd, loss=personal_loss, aux=anchor, epochs=self.personal_epochs, tag=("personal",)
+            extra,
+            data,
+            rnd,
+            objective=Objective(mu=self.lam, anchor=anchor),
+            epochs=self.personal_epochs,
+            tag=("personal",),
         )
         theta, loss = self.sgd(theta, data, rnd)
         return theta, personal, loss

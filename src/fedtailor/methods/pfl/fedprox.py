@@ -15,8 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params, prox_term
+from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
 
 
@@ -35,10 +36,9 @@ class FedProx(LocalTraining):
     def local_program(
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
     ) -> tuple[Params, Params, Any]:
-        def loss(p: Params, anchor: Params, x, y):
-            return self.ce_loss(p, anchor, x, y) + prox_term(p, anchor, self.mu)
-
-        theta, value = self.sgd(theta, data, rnd, loss=loss, aux={n: t.detach() for n, t in received.items()})
+        # F_i(w) + (mu / 2) ||w - w^t||^2, w^t the received model
+        objective = Objective(mu=self.mu, anchor={n: t.detach() for n, t in received.items()})
+        theta, value = self.sgd(theta, data, rnd, objective=objective)
         return theta, extra, value
 
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call
 
+from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
 from fedtailor.methods.pfl.local import (
     ClientBatch,
@@ -27,7 +26,7 @@ from fedtailor.methods.pfl.local import (
     per_client,
 )
 from fedtailor.methods.pfl.register import register_base
-from fedtailor.models.parts import head_module, head_names
+from fedtailor.models.parts import head_names
 
 
 class FedRoDConfig(LocalSGDConfig):
@@ -39,26 +38,10 @@ class FedRoD(LocalTraining):
 
     def __init__(self, **kw) -> None:
         super().__init__(**kw)
-        self.head = head_module(self.model)
         self.head_params = sorted(head_names(self.model))
-        self.head_mod = dict(self.model.named_modules())[self.head]
 
     def init_extra(self) -> Params:
         return {n: self.theta0[n].clone() for n in self.head_params}
-
-    def _forward(self, theta: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(representation r entering the head, generic logits z_g)."""
-        seen: list[torch.Tensor] = []
-        handle = self.head_mod.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
-        try:
-            logits = functional_call(self.model, theta, (x,))
-        finally:
-            handle.remove()
-        return seen[0], logits
-
-    def _personal(self, phi: Params, rep: torch.Tensor) -> torch.Tensor:
-        prefix = self.head + "."
-        return functional_call(self.head_mod, {n[len(prefix) :]: t for n, t in phi.items()}, (rep,))
 
     def local_program(
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
@@ -66,15 +49,10 @@ class FedRoD(LocalTraining):
         classes = self.num_classes(data)
         log_counts = per_client(data, lambda d: torch.bincount(d.train[1], minlength=classes).to(torch.float32).log())
         keys = {f"personal/{n}": n for n in self.head_params}
-
-        def loss(p: Params, aux: Params, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-            rep, z_g = self._forward({n: p[n] for n in self.names}, xb)
-            bsm = F.cross_entropy(z_g + aux["log_counts"], yb)  # -inf for absent classes: never a target
-            z_p = z_g.detach() + self._personal({n: p[k] for k, n in keys.items()}, rep.detach())
-            return bsm + F.cross_entropy(z_p, yb)
-
+        # CE(z_g + log n_i, y) (-inf for absent classes: never a target) + CE(z_g.detach() + phi_i(r.detach()), y)
+        objective = Objective(offset=log_counts, personal_head=keys)
         joint = {**theta, **{k: extra[n] for k, n in keys.items()}}
-        joint, value = self.sgd(joint, data, rnd, loss=loss, aux={"log_counts": log_counts}, trainable=frozenset(joint))
+        joint, value = self.sgd(joint, data, rnd, objective=objective, trainable=frozenset(joint))
         return ({n: joint[n] for n in self.names}, {n: joint[k] for k, n in keys.items()}, value)
 
     def num_classes(self, data: ClientData | ClientBatch) -> int:
@@ -83,8 +61,8 @@ class FedRoD(LocalTraining):
             return int(self.logits(self.theta0, one.train[0][:1]).shape[1])
 
     def eval_logits(self, params: Params, extra: Params, x: torch.Tensor) -> torch.Tensor:
-        rep, z_g = self._forward(params, x)
-        return z_g + self._personal(extra, rep)
+        rep, z_g = self.head_input_and_logits(params, x)
+        return z_g + self.apply_head(extra, rep)
 
 
 register_base(FedRoDConfig, FedRoD)

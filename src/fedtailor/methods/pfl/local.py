@@ -21,7 +21,8 @@ Round ``t``, client ``i``:
 Evaluation: every client's own personalized model (received ``S`` plus its personal rest, or the method's own
 predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. All local
 training is plain minibatch SGD (:func:`fedtailor.fl.training.functional_sgd`) in an order drawn from the key
-``(seed, "batches", t, i)``.
+``(seed, "batches", t, i)``; the clients of a round run it together (:mod:`fedtailor.fl.batched`: a hand-written
+backward over all clients at once; ``torch.func.vmap`` for models and objectives it does not cover).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from torch import nn
 from torch.func import functional_call
 
 from fedtailor.config import Section
+from fedtailor.fl.batched import Objective, explicit_sgd, supports, try_compile
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
+from fedtailor.models.parts import head_module
 from fedtailor.rng import torch_generator
 
 Params = dict[str, torch.Tensor]
@@ -78,9 +81,10 @@ class LocalSGDConfig(Section):
     batch_size: int = Field(32, ge=1)
     vectorize: bool | Literal["auto"] = Field(
         "auto",
-        description="run the clients of a round together (torch.func.vmap over stacked client models); "
-        "false: one client after another (same results to float rounding); auto: together except convolutional "
-        "models on the CPU, where it is slower (docs/pfl.md)",
+        description="run the clients of a round together (fl/batched.py: a hand-written backward over stacked "
+        "client models; torch.func.vmap for other models); false: one client after another (same results to "
+        "float rounding); auto: together, except a convolutional model without the hand-written backward on "
+        "the CPU, where vmap is slower (docs/pfl.md)",
     )
     update_bound: float | None = Field(
         None,
@@ -164,14 +168,17 @@ class LocalTraining(Method[SharedState, PersonalState]):
         # what the server knows of each client: its partition size caps its aggregation weight (None: no cap)
         self.train_sizes = None if train_sizes is None else {int(c): int(n) for c, n in train_sizes.items()}
         self.update_bound, self.update_bound_mode = update_bound, update_bound_mode
-        # auto: together, except convolutional models on the CPU, where vmap's grouped convolutions are slower
-        # than one client after another (docs/pfl.md, benchmarks/bench_pfl_round.py)
-        convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules())
-        self.vectorize = (not (convolutional and self.device.type == "cpu")) if vectorize == "auto" else bool(vectorize)
         self.theta0: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        # the model as a chain of layers with a hand-written backward (None: not one; vmap is the fallback)
+        self.chain = try_compile(self.model)
         self.names = tuple(self.theta0)
         self.shapes = {n: t.shape for n, t in self.theta0.items()}
         self.own_personal: frozenset[str] = frozenset()
+        # auto: together, except a convolutional model without the hand-written backward on the CPU, where vmap's
+        # grouped convolutions are slower than one client after another (docs/pfl.md, bench_pfl_round.py)
+        convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules())
+        slow = convolutional and self.device.type == "cpu" and self.chain is None
+        self.vectorize = not slow if vectorize == "auto" else bool(vectorize)
 
     # ----- what subclasses change ---------------------------------------------------------------------
     def local_program(
@@ -205,6 +212,46 @@ class LocalTraining(Method[SharedState, PersonalState]):
     def batches(self, rnd: int, cid: int, *tag: Any) -> torch.Generator:
         return torch_generator(self.seed, "batches", rnd, cid, *tag, device=self.device)
 
+    def head_input_and_logits(self, theta: Params, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the representation entering the model's declared head, the logits)."""
+        seen: list[torch.Tensor] = []
+        mod = dict(self.model.named_modules())[head_module(self.model)]
+        handle = mod.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+        try:
+            logits = functional_call(self.model, theta, (x,))
+        finally:
+            handle.remove()
+        return seen[0], logits
+
+    def apply_head(self, head: Params, rep: torch.Tensor) -> torch.Tensor:
+        """The declared head with parameters ``head`` (by the head's parameter names) on ``rep``."""
+        name = head_module(self.model)
+        mod = dict(self.model.named_modules())[name]
+        return functional_call(mod, {n[len(name) + 1 :]: t for n, t in head.items()}, (rep,))
+
+    def objective_loss(self, objective: Objective) -> LossFn:
+        """``objective`` (:class:`fedtailor.fl.batched.Objective`) for one client with autograd, its tensors read
+        from ``aux`` (``objective.tensors()``): the definition the per-client path and the vmap fallback use."""
+        o = objective
+
+        def loss(p: Params, aux: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            theta = {n: p[n] for n in self.names}
+            rep, z = self.head_input_and_logits(theta, x) if o.personal_head else (None, self.logits(theta, x))
+            value = F.cross_entropy(z if o.offset is None else z + aux["offset"], y)
+            if o.personal_head:
+                phi = {name: p[key] for key, name in o.personal_head.items()}
+                value = value + F.cross_entropy(z.detach() + self.apply_head(phi, rep.detach()), y)
+            if o.mixture:
+                alpha = p[o.alpha]
+                mix = {n: t.detach() for n, t in theta.items()}
+                mix.update({n: alpha * p[k] + (1 - alpha) * theta[n].detach() for k, n in o.mixture.items()})
+                value = value + F.cross_entropy(self.logits(mix, x), y)
+            if o.anchor:
+                value = value + prox_term(theta, {n: aux[f"anchor/{n}"] for n in o.anchor}, o.mu)
+            return value
+
+        return loss
+
     def sgd(
         self,
         theta: Params,
@@ -213,33 +260,40 @@ class LocalTraining(Method[SharedState, PersonalState]):
         *,
         trainable: frozenset[str] | None = None,
         epochs: int | None = None,
+        objective: Objective | None = None,
         loss: LossFn | None = None,
         aux: Params | None = None,
         tag: tuple[Any, ...] = (),
         project: Callable[[Params], Params] | None = None,
     ) -> tuple[Params, Any]:
-        """SGD of one client, or of a :class:`ClientBatch` at once (``theta`` and ``aux`` then stacked along a
-        leading client axis; the loss is written for one client either way)."""
-        kw = {
-            "trainable": self.names if trainable is None else trainable,
-            "aux": aux,
-            "batch_size": self.batch_size,
-            "epochs": self.local_epochs if epochs is None else epochs,
-            "lr": self.lr,
-            "momentum": self.momentum,
-            "project": project,
-        }
+        """SGD of one client, or of a :class:`ClientBatch` at once (``theta`` and the objective's tensors then
+        stacked along a leading client axis), on ``objective`` (default: cross-entropy; see
+        :class:`~fedtailor.fl.batched.Objective` for the proximal term, logit offset, personal head and mixture)
+        or on a custom ``loss(p, aux, x, y)`` written for one client (run by vmap for a batch). A batch runs on
+        the hand-written backward (:func:`~fedtailor.fl.batched.explicit_sgd`) when the model and objective are
+        covered, else on vmap (:func:`~fedtailor.fl.training.batched_sgd`)."""
+        trainable = frozenset(self.names if trainable is None else trainable)
+        epochs = self.local_epochs if epochs is None else epochs
+        custom, objective = loss is not None, objective or Objective()
+        if custom and not objective.plain:
+            raise ValueError("give either a custom loss or an objective.")
+        if not custom:
+            loss, aux = self.objective_loss(objective), objective.tensors()
+            if objective.mixture and objective.alpha in trainable:
+                alpha = objective.alpha
+                project = lambda p: {alpha: p[alpha].clamp(0.0, 1.0)}
+        common = {"trainable": trainable, "batch_size": self.batch_size, "epochs": epochs, "lr": self.lr}
+        common["momentum"] = self.momentum
         if isinstance(data, ClientBatch):
-            return batched_sgd(
-                loss or self.ce_loss,
-                theta,
-                [d.train[0] for d in data.clients],
-                [d.train[1] for d in data.clients],
-                generators=[self.batches(rnd, d.cid, *tag) for d in data.clients],
-                **kw,
-            )
+            xs, ys = [d.train[0] for d in data.clients], [d.train[1] for d in data.clients]
+            generators = [self.batches(rnd, d.cid, *tag) for d in data.clients]
+            if not custom and supports(self.chain, objective, trainable, theta):
+                return explicit_sgd(self.chain, theta, xs, ys, objective=objective, generators=generators, **common)
+            return batched_sgd(loss, theta, xs, ys, generators=generators, aux=aux, project=project, **common)
         x, y = data.train
-        return functional_sgd(loss or self.ce_loss, theta, x, y, generator=self.batches(rnd, data.cid, *tag), **kw)
+        return functional_sgd(
+            loss, theta, x, y, generator=self.batches(rnd, data.cid, *tag), aux=aux, project=project, **common
+        )
 
     def shared_names(self, server: SharedState) -> tuple[str, ...]:
         """``S = all - O - L`` in parameter order."""
