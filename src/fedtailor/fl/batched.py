@@ -27,6 +27,7 @@ equal the per-client path to float rounding (``batched_test.py``). Device-agnost
 from __future__ import annotations
 
 import operator
+from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,7 @@ class Unsupported(Exception):
     """The model is not a chain of the layers this engine differentiates by hand."""
 
 
-class Sink:
+class Sink(ABC):
     """Where a backward pass puts the gradients of the names in ``want``: :meth:`bmm` (a batched product) and
     :meth:`add` (a tensor), each a contribution to one name's gradient."""
 
@@ -51,8 +52,9 @@ class Sink:
     def bmm(self, name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         self.add(name, torch.bmm(a, b))
 
+    @abstractmethod
     def add(self, name: str, g: torch.Tensor, alpha: float = 1.0) -> None:
-        raise NotImplementedError
+        """Add ``alpha * g`` to the gradient of ``name``."""
 
 
 class Collect(Sink):
@@ -123,16 +125,17 @@ class SGDStep(Sink):
 
 
 @dataclass
-class Layer:
+class Layer(ABC):
     names: tuple[str, ...] = ()  # parameter names (weight, bias)
 
+    @abstractmethod
     def forward(self, p: Params, h: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        raise NotImplementedError
+        """The layer's output for the stacked input ``h`` and what its backward needs."""
 
+    @abstractmethod
     def backward(self, p: Params, g: torch.Tensor, ctx: Any, sink: Sink, need_input: bool) -> torch.Tensor | None:
         """Hands the gradients of its parameters to ``sink`` (after computing the input's gradient, which it
         returns if needed: a sink may update the parameters in place)."""
-        raise NotImplementedError
 
 
 @dataclass

@@ -284,20 +284,12 @@ class OrthonormalSubspace(Subspace):
 
 
 class SubspaceBuilder(Protocol):
-    """Builds one kind of subspace from the keywords of :func:`make_subspace` (less ``transform``); a kind reads
+    """Builds one kind of subspace from the keywords of :func:`make_subspace` (less ``transform``): the common
+    ones, and in ``options`` the kind-specific ones (``stages``, ``model``, ``allocation``), of which a kind reads
     those it needs."""
 
     def __call__(
-        self,
-        *,
-        dim: int,
-        rank: int,
-        seed: int,
-        stages: int,
-        model: nn.Module | None,
-        device: str | torch.device,
-        dtype: torch.dtype,
-        allocation: Allocation,
+        self, *, dim: int, rank: int, seed: int, device: str | torch.device, dtype: torch.dtype, **options: Any
     ) -> Subspace: ...
 
 
@@ -306,11 +298,11 @@ def _layer_kronecker(
     dim: int,
     rank: int,
     seed: int,
-    stages: int,
-    model: nn.Module | None,
     device: str | torch.device,
     dtype: torch.dtype,
+    model: nn.Module | None,
     allocation: Allocation,
+    **_: Any,
 ) -> LayerKroneckerSubspace:
     if model is None:
         raise ValueError("transform 'layer-kronecker' is built from the model's layers: pass model=.")
@@ -323,30 +315,14 @@ def _layer_kronecker(
 
 
 def _kronecker(
-    *,
-    dim: int,
-    rank: int,
-    seed: int,
-    stages: int,
-    model: nn.Module | None,
-    device: str | torch.device,
-    dtype: torch.dtype,
-    allocation: Allocation,
+    *, dim: int, rank: int, seed: int, device: str | torch.device, dtype: torch.dtype, **_: Any
 ) -> KroneckerSubspace:
     return KroneckerSubspace(dim=dim, rank=rank, seed=seed, device=device, dtype=dtype)
 
 
 def _dct(transform: Transform) -> SubspaceBuilder:
     def build(
-        *,
-        dim: int,
-        rank: int,
-        seed: int,
-        stages: int,
-        model: nn.Module | None,
-        device: str | torch.device,
-        dtype: torch.dtype,
-        allocation: Allocation,
+        *, dim: int, rank: int, seed: int, device: str | torch.device, dtype: torch.dtype, stages: int, **_: Any
     ) -> OrthonormalSubspace:
         return OrthonormalSubspace(
             dim=dim, rank=rank, seed=seed, stages=stages, transform=transform, device=device, dtype=dtype
