@@ -9,9 +9,11 @@ MLP are. Client parameters are stacked along a leading client axis ``A`` and act
 * ``Linear``: forward ``baddbmm``, backward ``dW = g^T h``, ``db = sum_b g``, ``dh = g W`` (batched over clients);
 * ``Conv2d``: the platform's convolution kernels (oneDNN on the CPU) per client inside the step, forward and
   ``convolution_backward``: on the CPU they ran faster than one grouped convolution or unfold + batched matmul
-  over the clients (``benchmarks/bench_vmap_floor.py``);
+  over the clients (``benchmarks/bench_vmap_floor.py``); activations after a convolution are channels-last
+  (each client's ``(B, C, H, W)`` slice), where the CPU's pooling kernel is several times faster;
 * ``ReLU``, ``max_pool2d``, ``flatten``: one op over all clients (``threshold_backward``,
-  ``max_pool2d_with_indices_backward``: autograd's own backward kernels);
+  ``max_pool2d_with_indices_backward``: autograd's own backward kernels); a ReLU followed by a max-pool runs as
+  the pool then the ReLU (the same values and gradients exactly, on a quarter of the entries);
 * the loss: softmax cross-entropy (mean over the batch) of the logits plus an optional per-client logit offset
   (FedRoD's balanced softmax) plus an optional proximal term ``(mu / 2) ||theta[n] - anchor[n]||^2``
   (FedProx, Ditto); its gradient ``(softmax - onehot) / B`` and ``mu (theta - anchor)``.
@@ -138,6 +140,21 @@ class Layer(ABC):
         returns if needed: a sink may update the parameters in place)."""
 
 
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def _stacked_channels_last(clients: int, like: torch.Tensor) -> torch.Tensor:
+    """An empty ``(clients, *like.shape)`` stack whose every ``(B, C, H, W)`` slice is channels-last, so that
+    the pooling after a convolution runs on the CPU's channels-last kernel (several times faster)."""
+    b, c, h, w = like.shape
+    return like.new_empty(clients, b, h, w, c).permute(0, 1, 4, 2, 3)
+
+
+def _is_channels_last(t: torch.Tensor) -> bool:
+    return t.stride(2) == 1 and t.shape[2] > 1
+
+
 @dataclass
 class Linear(Layer):
     def forward(self, p, h):
@@ -167,12 +184,13 @@ class Conv2d(Layer):
 
     def forward(self, p, h):
         w, b = p[self.names[0]], (p[self.names[1]] if len(self.names) > 1 else None)
-        out = torch.stack(
-            [
-                F.conv2d(h[c], w[c], None if b is None else b[c], self.stride, self.padding, self.dilation)
-                for c in range(len(h))
-            ]
-        )
+        out = None
+        for c in range(len(h)):
+            o = F.conv2d(
+                h[c], _channels_last(w[c]), None if b is None else b[c], self.stride, self.padding, self.dilation
+            )
+            out = _stacked_channels_last(len(h), o) if out is None else out
+            out[c] = o
         return out, h
 
     def backward(self, p, g, ctx, sink, need_input):
@@ -181,11 +199,12 @@ class Conv2d(Layer):
         mask = [need_input, self.names[0] in sink.want, has_bias and self.names[1] in sink.want]
         if not any(mask):
             return None
-        parts = [
-            torch.ops.aten.convolution_backward(
+        out, gw, gb = None, [], []
+        for c in range(len(g)):
+            gi_c, gw_c, gb_c = torch.ops.aten.convolution_backward(
                 g[c],
                 ctx[c],
-                w[c],
+                _channels_last(w[c]),
                 [w.shape[1]] if has_bias else None,
                 list(self.stride),
                 list(self.padding),
@@ -195,13 +214,15 @@ class Conv2d(Layer):
                 1,
                 mask,
             )
-            for c in range(len(g))
-        ]
-        out = torch.stack([q[0] for q in parts]) if need_input else None
+            if need_input:
+                out = _stacked_channels_last(len(g), gi_c) if out is None else out
+                out[c] = gi_c
+            gw.append(gw_c)
+            gb.append(gb_c)
         if mask[1]:
-            sink.add(self.names[0], torch.stack([q[1] for q in parts]))
+            sink.add(self.names[0], torch.stack(gw))
         if mask[2]:
-            sink.add(self.names[1], torch.stack([q[2] for q in parts]))
+            sink.add(self.names[1], torch.stack(gb))
         return out
 
 
@@ -238,10 +259,14 @@ class MaxPool2d(Layer):
 @dataclass
 class Flatten(Layer):
     def forward(self, p, h):
-        return h.reshape(*h.shape[:2], -1), h.shape
+        return h.reshape(*h.shape[:2], -1), (h.shape, h.ndim == 5 and _is_channels_last(h))
 
     def backward(self, p, g, ctx, sink, need_input):
-        return g.reshape(ctx) if need_input else None
+        if not need_input:
+            return None
+        shape, channels_last = ctx
+        g = g.reshape(shape)
+        return g.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3) if channels_last else g
 
 
 @dataclass
@@ -340,6 +365,11 @@ def compile_chain(model: nn.Module) -> Chain:
         else:
             raise Unsupported(f"{node.op} {node.target}")
         prev = node
+    for i in range(len(layers) - 1):
+        # relu(maxpool(h)) = maxpool(relu(h)) (relu is monotone), with the same gradient (both route it to the
+        # window's maximum, and to nothing when that is <= 0): pooling first runs the ReLU on a quarter of the values
+        if isinstance(layers[i], ReLU) and isinstance(layers[i + 1], MaxPool2d):
+            layers[i], layers[i + 1] = layers[i + 1], layers[i]
     names = tuple(n for layer in layers for n in layer.names)
     params = tuple(n for n, _ in model.named_parameters())
     if sorted(names) != sorted(params):

@@ -11,7 +11,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedtailor.fl.batched import Collect, Objective, Unsupported, compile_chain, explicit_sgd, try_compile
+from fedtailor.fl.batched import (
+    Collect,
+    MaxPool2d,
+    Objective,
+    ReLU,
+    Unsupported,
+    compile_chain,
+    explicit_sgd,
+    try_compile,
+)
 from fedtailor.fl.registry import fedlag_bases
 from fedtailor.fl.training import functional_sgd
 from fedtailor.models.lenet import MLP, LeNet
@@ -46,6 +55,30 @@ def test_the_pfl_networks_compile_to_chains_of_their_layers(model_cls):
     for layer in chain.layers:  # the chain's forward is the model's forward
         h, _ = layer.forward({n: p.detach().unsqueeze(0) for n, p in model.named_parameters()}, h)
     torch.testing.assert_close(h[0], model(x).detach())
+
+
+def test_pooling_moves_before_the_relu_and_changes_no_value_or_gradient():
+    """relu then maxpool == maxpool then relu, bit for bit, in value and in gradient (ties at 0 included: the
+    inputs hold many exact zeros and equal negatives)."""
+    model = FedAvgCNN()
+    chain = compile_chain(model)
+    kinds = [type(layer).__name__ for layer in chain.layers]
+    assert kinds[kinds.index("Conv2d") + 1 : kinds.index("Conv2d") + 3] == ["MaxPool2d", "ReLU"]
+    h = torch.randn(3, 4, 32, 12, 12, generator=torch.Generator().manual_seed(0)).round(
+        decimals=1
+    )  # coarse values: many ties inside the pooling windows
+    h[:, :, :, ::2] = -1.0
+    pool, relu = MaxPool2d(), ReLU()
+    out_model, ctx_r = relu.forward({}, h)
+    out_model, ctx_p = pool.forward({}, out_model)
+    out_chain, ctx_p2 = pool.forward({}, h)
+    out_chain, ctx_r2 = relu.forward({}, out_chain)
+    assert torch.equal(out_model, out_chain)
+    g = torch.randn_like(out_model)
+    sink = Collect(frozenset())
+    grad_model = relu.backward({}, pool.backward({}, g, ctx_p, sink, True), ctx_r, sink, True)
+    grad_chain = pool.backward({}, relu.backward({}, g, ctx_r2, sink, True), ctx_p2, sink, True)
+    assert torch.equal(grad_model, grad_chain)
 
 
 class _Residual(nn.Module):

@@ -34,7 +34,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -204,6 +203,38 @@ def layer_ranks(shapes: list[tuple[int, int]], rank: int, allocation: Allocation
     )
 
 
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 else t
+
+
+def _conv_coefficients(
+    x: torch.Tensor, delta: torch.Tensor, mod: nn.Conv2d, lay: Layer, A: torch.Tensor, B: torch.Tensor
+) -> torch.Tensor:
+    """``A^T (sum_p delta_p x~_p^T) B`` per record of a convolution, ``(n, k1, k2)``: the errors are projected on
+    ``A`` first (``(n, k1, oh, ow)``) and each record's weight gradient of those ``k1`` channels comes from one
+    grouped ``convolution_backward`` (records as groups: no unfolded patches are built)."""
+    n, k1 = x.shape[0], A.shape[1]
+    # (delta_p A) over the positions of every record, as one matrix product in the errors' own memory order
+    left = (delta.permute(0, 2, 3, 1) @ A).permute(0, 3, 1, 2).contiguous()
+    grad = torch.ops.aten.convolution_backward(
+        left.reshape(1, n * k1, *left.shape[2:]),
+        x.reshape(1, -1, *x.shape[2:]),
+        x.new_empty(n * k1, *mod.weight.shape[1:]),
+        None,
+        list(mod.stride),
+        list(mod.padding),
+        list(mod.dilation),
+        False,
+        [0, 0],
+        n,
+        [False, True, False],
+    )[1]
+    out = grad.reshape(n, k1, lay.fan_in) @ B[: lay.fan_in]
+    if lay.bias:
+        out = out + left.sum((2, 3))[:, :, None] * B[lay.fan_in][None, None, :]
+    return out
+
+
 def _project_positions(
     errs: torch.Tensor, cols: torch.Tensor, A: torch.Tensor, B: torch.Tensor, *, bias: bool
 ) -> torch.Tensor:
@@ -315,15 +346,22 @@ class LayerKroneckerSubspace(Subspace):
                         "'layer-kronecker' needs each layer used once. Use 'kronecker' or 'blocked-dct'."
                     )
                 captured[name] = (args[0].detach(), out)
+                if out.ndim == 4:  # later layers (ReLU, pooling, the next convolution) run channels-last
+                    return out.contiguous(memory_format=torch.channels_last)
+                return None
 
             return fn
 
         handles = [mods[lay.module].register_forward_hook(hook(lay.module)) for lay in self.layers]
         try:
             # leaves that require grad, so that every layer output is on the graph (their own grads are never computed)
-            p = {k: v.detach().requires_grad_(True) for k, v in (params or dict(model.named_parameters())).items()}
+            # convolutions in channels-last layout: the CPU's pooling and convolution kernels are several times faster
+            p = {
+                k: _channels_last(v.detach()).requires_grad_(True)
+                for k, v in (params or dict(model.named_parameters())).items()
+            }
             with torch.enable_grad():
-                logits = functional_call(model, p, (inputs,))
+                logits = functional_call(model, p, (_channels_last(inputs),))
                 outs = [captured[lay.module][1] for lay in self.layers]
                 deltas = torch.autograd.grad(loss_fn(logits, targets, reduction="sum"), outs)
         finally:
@@ -334,10 +372,10 @@ class LayerKroneckerSubspace(Subspace):
         for lay, A, B, delta in zip(self.layers, self.A, self.B, deltas):
             x = captured[lay.module][0]
             mod = mods[lay.module]
-            if isinstance(mod, nn.Conv2d):  # patches (n, fan_in, positions), errors (n, out, positions)
-                cols = F.unfold(x, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride)
-                errs = delta.reshape(n, lay.out, -1)
-            elif x.ndim == 2:  # one position: the outer product of the two projected vectors
+            if isinstance(mod, nn.Conv2d):
+                parts.append(_conv_coefficients(x, delta, mod, lay, A, B).reshape(n, -1))
+                continue
+            if x.ndim == 2:  # one position: the outer product of the two projected vectors
                 left, right = delta @ A, x @ B[: lay.fan_in]
                 if lay.bias:
                     right = right + B[lay.fan_in]

@@ -134,13 +134,14 @@ class CompactConfig(Section):
     )
     subspace_stages: int = Field(2, ge=1, le=4)
     subspace_transform: SubspaceKind = Field(
-        "blocked-dct",
+        "layer-kronecker",
         description="how P is built and applied (docs/subspace.md): one Kronecker block per layer "
-        "(coefficient gradients straight from activations and errors), Kronecker factors over the whole parameter "
-        "grid, or a fast DCT",
+        "(coefficient gradients straight from activations and errors; the default: level with the blocked DCT "
+        "over 3 seeds and about 3x faster, docs/compact.md), Kronecker factors over the whole parameter "
+        "grid, or a fast DCT (any model)",
     )
     layer_allocation: Allocation = Field(
-        "size",
+        "sqrt",
         description="with subspace_transform 'layer-kronecker': each layer's share of the k coefficients, in "
         "proportion to its size, to the square root of its size, or equal (capped at the layer's size; "
         "docs/compact.md)",
