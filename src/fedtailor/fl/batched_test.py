@@ -13,6 +13,7 @@ from torch.func import functional_call
 
 from fedtailor.fl.batched import (
     Collect,
+    Conv2d,
     MaxPool2d,
     Objective,
     ReLU,
@@ -97,6 +98,28 @@ class _Norm(nn.Module):
 
     def forward(self, x):
         return self.bn(self.fc(x))
+
+
+def test_convolutions_of_all_clients_are_one_grouped_convolution_on_a_shared_layout():
+    """Each client's feature maps equal its own convolution, and a convolution's output reaches the next one
+    through pooling and the ReLU without a copy (one channels-last batch, clients as groups)."""
+    gen = torch.Generator().manual_seed(0)
+    conv1, conv2 = Conv2d(names=("w1", "b1")), Conv2d(names=("w2",))
+    p = {
+        "w1": torch.randn(3, 4, 2, 3, 3, generator=gen),
+        "b1": torch.randn(3, 4, generator=gen),
+        "w2": torch.randn(3, 5, 4, 3, 3, generator=gen),
+    }
+    x = torch.randn(3, 6, 2, 12, 12, generator=gen)  # 3 clients, 6 records each
+    h, _ = conv1.forward(p, x)
+    h, _ = MaxPool2d().forward(p, h)
+    h, _ = ReLU().forward(p, h)
+    out, (x2, _) = conv2.forward(p, h)
+    assert x2.data_ptr() == h.data_ptr()  # the second convolution read the ReLU's output in place
+    for c in range(3):
+        ref = F.relu(F.max_pool2d(F.conv2d(x[c], p["w1"][c], p["b1"][c]), 2))
+        torch.testing.assert_close(h[c], ref)
+        torch.testing.assert_close(out[c], F.conv2d(ref, p["w2"][c]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("model_cls", [_Residual, _Norm])
