@@ -465,9 +465,9 @@ class Objective:
 
 def _cross_entropy(z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean softmax cross-entropy per client, its gradient with respect to the logits ``z``, ``(A, B, K)``)."""
-    logp = z - torch.logsumexp(z, -1, keepdim=True)
+    logp = torch.log_softmax(z, -1)
     target = y.unsqueeze(-1)
-    loss = -logp.gather(-1, target).squeeze(-1).mean(1)
+    loss = logp.gather(-1, target).mean((1, 2)).neg_()
     g = logp.exp_()
     g.scatter_add_(-1, target, torch.full_like(target, -1, dtype=g.dtype))
     return loss, g.div_(y.shape[1])
