@@ -35,8 +35,14 @@ K_TAIL = 1e-30
 # |M| above this is refused (keeps zigzag codes below 2^53 and beta * (M + V) exact to 2^-2 of a cell).
 MAX_ABS_M = 2**50
 N_BUCKETS = 24
-_SQRT_HALF = 0.7071067811865476
+_EXPONENT_SHIFT = np.uint64(52)
+_FRACTION = np.uint64(2**52 - 1)
+_SQRT_TWO_FRACTION = np.array(2 * 0.7071067811865476).view(np.uint64) & _FRACTION  # sqrt(2) = 2 sqrt(1/2) exactly
 _ESCAPE = 3
+# Symbol of M_i * side_i clipped to [-2, 2] (index + 2): 0 -> 0, +1 -> 1, -1 -> 2, |.| >= 2 -> escape.
+_SYMBOL = np.array([_ESCAPE, 2, 0, 1, _ESCAPE], dtype=np.int32)
+# M_i * side_i of a symbol (escapes are filled in separately).
+_SIGNED = np.array([0, 1, -1, 0], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -138,12 +144,16 @@ class EliasCoder(EntropyCoder):
 def boundary_buckets(delta: np.ndarray) -> np.ndarray:
     """Half-octave bucket of a boundary distance in [0, 1/2]: 0 for [2^-1.5, 1/2], 1 for [2^-2, 2^-1.5), ...
 
-    Uses only frexp and a comparison, so it is exact on every machine.
+    With ``frexp(delta) = (mant, exp)``: ``q = 2 (-1 - exp) + [mant < sqrt(1/2)]``, clipped to [0, 23]; 0 (and any
+    subnormal) in the last bucket. Read off the float64's bits (``exp = E - 1022`` for the biased exponent E, and
+    ``mant < sqrt(1/2)`` iff the 52 fraction bits are below those of sqrt(2)): integer operations only, so it is
+    exact on every machine.
     """
-    mant, exp = np.frexp(delta)
-    q = 2 * (-1 - exp.astype(np.int64)) + (mant < _SQRT_HALF)
-    q = np.where(delta > 0.0, q, N_BUCKETS - 1)
-    return np.clip(q, 0, N_BUCKETS - 1)
+    bits = np.ascontiguousarray(delta, dtype=np.float64).view(np.uint64)
+    q = (bits >> _EXPONENT_SHIFT).view(np.int64) * -2
+    q += 2042
+    q += (bits & _FRACTION) < _SQRT_TWO_FRACTION
+    return np.clip(q, 0, N_BUCKETS - 1, out=q)
 
 
 def _ans():
@@ -167,15 +177,21 @@ class AnsCoder(EntropyCoder):
         self._c = _ans()
         self._k_model = self._c.stream.model.Categorical(law.probabilities, perfect=False) if law.coded else None
 
+    def _models(self, counts: np.ndarray) -> list[object | None]:
+        """Per bucket: the model of its symbols from their counts; None when it holds at most one symbol (no bits)."""
+        live = np.count_nonzero(counts, axis=1)
+        probabilities = counts.astype(np.float64)
+        categorical = self._c.stream.model.Categorical
+        return [categorical(probabilities[q], perfect=False) if live[q] > 1 else None for q in range(N_BUCKETS)]
+
     def _ans_words(
-        self, k: np.ndarray, sym_by_bucket: np.ndarray, bounds: np.ndarray, counts: np.ndarray
+        self, k: np.ndarray, sym_by_bucket: np.ndarray, bounds: np.ndarray, models: list[object | None]
     ) -> np.ndarray:
         """ANS words: K first to decode, then bucket 0, 1, ... (pushed in reverse: ANS is a stack)."""
         coder = self._c.stream.stack.AnsCoder()
         for q in range(N_BUCKETS - 1, -1, -1):
-            if np.count_nonzero(counts[q]) > 1:
-                model = self._c.stream.model.Categorical(counts[q].astype(np.float64), perfect=False)
-                coder.encode_reverse(sym_by_bucket[bounds[q] : bounds[q + 1]].astype(np.int32), model)
+            if models[q] is not None:
+                coder.encode_reverse(sym_by_bucket[bounds[q] : bounds[q + 1]], models[q])
         if self.law.coded:
             coder.encode_reverse((k - 1).astype(np.int32), self._k_model)
         return coder.get_compressed()
@@ -191,14 +207,14 @@ class AnsCoder(EntropyCoder):
         delta, side = self.lattice.boundary_context(v)
         bucket = boundary_buckets(delta).ravel()
         s = (m * side).ravel()
-        sym = np.where(s == 0, 0, np.where(s == 1, 1, np.where(s == -1, 2, _ESCAPE)))
+        sym = _SYMBOL.take(np.clip(s, -2, 2, out=s) + 2)
         order, _, bounds = self._group(bucket)
         counts = np.bincount(bucket * 4 + sym, minlength=4 * N_BUCKETS).reshape(N_BUCKETS, 4)
         w = BitWriter()
         w.gamma(counts[:, 1:].ravel() + 1)
         w.gamma(zigzag(m.ravel()[sym == _ESCAPE]) - 2)
         bits = w.getvalue()
-        words = self._ans_words(k, sym[order], bounds, counts)
+        words = self._ans_words(k, sym.take(order), bounds, self._models(counts))
         return struct.pack("<I", len(bits)) + bits + words.astype("<u4").tobytes()
 
     def decode(self, payload: bytes, n_blocks: int, dithers: DitherLookup) -> tuple[np.ndarray, np.ndarray]:
@@ -228,26 +244,27 @@ class AnsCoder(EntropyCoder):
         counts[:, 0] = sizes - counts[:, 1:].sum(axis=1)
         if np.any(counts[:, 0] < 0):
             raise CodecError("payload malformed: symbol counts exceed the coordinates of their bucket")
-        sym_by_bucket = np.zeros(n, dtype=np.int64)
+        models = self._models(counts)
+        only = (counts > 0).argmax(axis=1)  # the symbol of a bucket without a model (if it has coordinates)
+        sym_by_bucket = np.empty(n, dtype=np.int32)
         for q in range(N_BUCKETS):
-            live = np.flatnonzero(counts[q])
-            if live.size > 1:
-                model = self._c.stream.model.Categorical(counts[q].astype(np.float64), perfect=False)
-                got = coder.decode(model, int(sizes[q])).astype(np.int64)
-                if not np.array_equal(np.bincount(got, minlength=4), counts[q]):
-                    raise CodecError("payload corrupted: decoded symbols disagree with the announced counts")
-                sym_by_bucket[bounds[q] : bounds[q + 1]] = got
-            elif live.size == 1:
-                sym_by_bucket[bounds[q] : bounds[q + 1]] = live[0]
+            part = sym_by_bucket[bounds[q] : bounds[q + 1]]
+            if models[q] is not None:
+                part[:] = coder.decode(models[q], part.size)
+            else:
+                part[:] = only[q]
+        bucket_of = np.repeat(np.arange(0, 4 * N_BUCKETS, 4), sizes)
+        if not np.array_equal(np.bincount(bucket_of + sym_by_bucket, minlength=4 * N_BUCKETS), counts.ravel()):
+            raise CodecError("payload corrupted: decoded symbols disagree with the announced counts")
         if not coder.is_empty():
             raise CodecError("payload corrupted: ANS data left over after the last symbol")
         # Canonical form: the ANS words must be exactly what the encoder writes for these symbols.
-        if not np.array_equal(self._ans_words(k, sym_by_bucket, bounds, counts), words):
+        if not np.array_equal(self._ans_words(k, sym_by_bucket, bounds, models), words):
             raise CodecError("payload is not in canonical form (ANS words differ from a fresh encoding)")
-        sym = np.empty(n, dtype=np.int64)
+        sym = np.empty(n, dtype=np.int32)
         sym[order] = sym_by_bucket
-        side = side.ravel()
-        m = np.where(sym == 1, side, np.where(sym == 2, -side, 0))
+        m = _SIGNED.take(sym)
+        m *= side.ravel()
         m[sym == _ESCAPE] = escapes
         return k, m.reshape(n_blocks, b)
 

@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 _TWO_M53 = 2.0**-53
+_ONES4 = np.ones(4)
 
 
 def unit_ball_volume(b: int) -> float:
@@ -75,9 +76,12 @@ class Lattice(ABC):
         ``M_i`` can be non-zero only when ``u_i + E_i`` leaves the cell, which the dither being near the boundary
         on the opposite side makes likely; the side is ``-sign(V_i)`` (``+1`` at ``V_i = 0``). Exact arithmetic.
         """
-        a = np.abs(v)
-        delta = (self.coord_radius - a) * (0.5 / self.coord_radius)
-        side = np.where(v > 0, -1, 1).astype(np.int64)
+        delta = np.abs(v)
+        np.subtract(self.coord_radius, delta, out=delta)
+        delta *= 0.5 / self.coord_radius
+        side = (v > 0).astype(np.int64)
+        side *= -2
+        side += 1
         return delta, side
 
 
@@ -122,13 +126,14 @@ class D4Lattice(Lattice):
         self.name = "D4"
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
-        f = np.floor(x + 0.5)
+        f = x + 0.5
+        np.floor(f, out=f)
         r = x - f
-        odd = np.remainder(f @ np.ones(4), 2.0) != 0.0
-        rows = np.arange(x.shape[0])
-        worst = np.argmax(np.abs(r), axis=1)
-        step = np.where(r[rows, worst] >= 0.0, 1.0, -1.0)
-        f[rows, worst] += np.where(odd, step, 0.0)
+        odd = ((f @ _ONES4).astype(np.int64) & 1).nonzero()[0]  # rows with an odd sum (an exact integer in float64)
+        r_odd = r.take(odd, axis=0)
+        worst = np.abs(r_odd).argmax(axis=1)
+        step = np.where(r_odd.ravel().take(np.arange(0, 4 * odd.size, 4) + worst) >= 0.0, 1.0, -1.0)
+        f.ravel()[odd * 4 + worst] += step
         return f
 
     def dither(self, words: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from fedtailor.codecs import CodecError, LRSUQCodec, get_codec, release_key
 from fedtailor.codecs._testing import BROKEN_VARIANTS, SmallCell, reused_release_key
 from fedtailor.codecs.battery import exactness_battery
 from fedtailor.codecs.bench import gaussian_floor_bpc
+from fedtailor.codecs.entropy import N_BUCKETS, boundary_buckets
 from fedtailor.codecs.lattices import D4Lattice, IntegerLattice, unit_ball_volume
 from fedtailor.rng import derive_key, derive_seed
 
@@ -95,6 +96,19 @@ def test_d4_dither_is_uniform_on_the_voronoi_cell() -> None:
     inside = int(np.sum(np.sum(v * v, axis=1) <= 0.5))
     assert stats.binomtest(inside, v.shape[0], math.pi**2 / 16).pvalue > 1e-3
     assert np.all(np.abs(v.mean(axis=0)) < 6 * 0.41 / math.sqrt(v.shape[0]))
+
+
+def test_boundary_buckets_follow_the_frexp_definition() -> None:
+    """The buckets read off the float bits equal ``2 (-1 - exp) + [mant < sqrt(1/2)]`` of frexp, clipped, 0 last."""
+    rng = np.random.default_rng(6)
+    edges = 2.0 ** -(np.arange(120) / 2)
+    delta = np.concatenate([edges, rng.uniform(0, 0.5, 100_000), [0.0, 5e-324, 7 * 5e-324, 2.0**-1022]])
+    delta = np.concatenate([delta, np.nextafter(delta, 0), np.nextafter(delta, 1)])
+    delta = delta[(delta >= 0) & (delta <= 0.5)]
+    mant, exp = np.frexp(delta)
+    expected = np.clip(2 * (-1 - exp.astype(np.int64)) + (mant < math.sqrt(0.5)), 0, N_BUCKETS - 1)
+    expected[delta == 0] = N_BUCKETS - 1
+    np.testing.assert_array_equal(boundary_buckets(delta), expected)
 
 
 def test_integer_dither_is_exact_dyadic_in_half_open_cube() -> None:
