@@ -59,13 +59,14 @@ class BitWriter:
         if x.min() < 1 or x.max() > MAX_GAMMA:
             raise ValueError(f"gamma codes need integers in [1, 2^53), got range [{x.min()}, {x.max()}]")
         n = bit_lengths(x)
-        prefix = np.zeros(int(n.sum() + x.size), dtype=np.uint8)
-        prefix[np.cumsum(n + 1) - 1] = 1
-        total = int(n.sum())
+        end = np.cumsum(n)  # value i's mantissa bits are end[i] - n[i] .. end[i] - 1, most significant first
+        total = int(end[-1])
+        prefix = np.zeros(total + x.size, dtype=np.uint8)
+        prefix[end + np.arange(x.size)] = 1
         owner = np.repeat(np.arange(x.size), n)
-        start = np.cumsum(n) - n
-        shift = n[owner] - 1 - (np.arange(total) - start[owner])
-        mantissa = ((x[owner] >> shift) & 1).astype(np.uint8)
+        shift = (end - 1).take(owner)
+        shift -= np.arange(total)
+        mantissa = ((x.take(owner) >> shift) & 1).astype(np.uint8)
         self._parts += [prefix, mantissa]
 
     def getvalue(self) -> bytes:
@@ -92,20 +93,27 @@ class BitReader:
         """Read a gamma group of ``count`` values, each required to lie in [1, limit]."""
         if count == 0:
             return np.zeros(0, dtype=np.int64)
-        rest = self._bits[self._pos :]
-        ones = np.flatnonzero(rest)
+        longest = int(limit).bit_length() - 1  # most leading zeros a value in [1, limit] has
+        span = count * (longest + 1)  # the prefixes of count such values fit in this many bits
+        ones = np.flatnonzero(self._bits[self._pos : self._pos + span])
         if ones.size < count:
-            raise CodecError(f"payload truncated: a group of {count} gamma codes ends after {ones.size}")
+            if self._bits.size - self._pos < span:
+                raise CodecError(f"payload truncated: a group of {count} gamma codes ends after {ones.size}")
+            raise CodecError(f"gamma code too long (more than {longest} leading zeros): a value exceeds {limit}")
         ones = ones[:count]
-        n = np.diff(ones, prepend=-1) - 1
-        if n.max() > bit_lengths(np.array([limit]))[0]:
+        n = np.empty(count, dtype=np.int64)
+        n[0] = ones[0]
+        np.subtract(ones[1:], ones[:-1], out=n[1:])
+        n[1:] -= 1
+        if n.max() > longest:
             raise CodecError(f"gamma code too long ({n.max()} leading zeros): value exceeds {limit}")
         self._pos += int(ones[-1]) + 1
-        total = int(n.sum())
+        end = np.cumsum(n)
+        total = int(end[-1])
         mantissa = self.bits(total).astype(np.float64)
         owner = np.repeat(np.arange(count), n)
-        start = np.cumsum(n) - n
-        shift = n[owner] - 1 - (np.arange(total) - start[owner])
+        shift = (end - 1).take(owner)
+        shift -= np.arange(total)
         low = np.bincount(owner, weights=mantissa * np.exp2(shift), minlength=count)
         x = (np.int64(1) << n) + low.astype(np.int64)
         if x.max() > limit:

@@ -116,7 +116,7 @@ class EliasCoder(EntropyCoder):
         w = BitWriter()
         if self.law.coded:
             w.gamma(k)
-        nonzero = np.flatnonzero(np.any(m != 0, axis=1))
+        nonzero = np.flatnonzero((m != 0) @ np.ones(m.shape[1], dtype=bool))  # rows with a non-zero M (logical or)
         w.gamma(np.array([nonzero.size + 1]))
         w.gamma(np.diff(nonzero, prepend=-1))
         z = zigzag(m[nonzero])
