@@ -29,10 +29,11 @@ class SmallCell(LRSUQCodec):
 
 
 class DitherOffByOne(LRSUQCodec):
-    """The decoder adds the dither of iteration K - 1 instead of K."""
+    """The decoder adds the dither of iteration K - 1 instead of K: a rejected one (K = 1 keeps its own, there is
+    no iteration 0)."""
 
     def decoder_iteration(self, k: np.ndarray) -> np.ndarray:
-        return k - 1
+        return np.maximum(k - 1, 1)
 
 
 class SplitRadius(LRSUQCodec):

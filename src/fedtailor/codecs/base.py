@@ -5,9 +5,10 @@ float64 vector (``decode``). The key is what encoder and decoder share for one r
 randomness; the dense codecs: only the header's check tag); it is derived from (secret, client, round) by
 :func:`release_key` and must never be reused for another release. A codec whose noise the decoder does not need
 (``private_noise``: DG FP32, DG+Q12) draws it from ``noise_key``, a key the encoder never shares, so that the
-holder of the shared key cannot regenerate it. Keys are 256-bit ints; every shared random word comes from
-:func:`fedtailor.privacy.noise.stream_words` (SHAKE-256), the private noise of a ``noise_key`` from
-:func:`fedtailor.privacy.noise.secure_stream_words` (ChaCha20).
+holder of the shared key cannot regenerate it. Keys are 256-bit ints; LRSUQ's shared random words come from
+ChaCha20 keystreams keyed by ``derive_key(key, "lrsuq", purpose)`` (:class:`fedtailor.codecs.lrsuq.KeyStream`),
+the DG simulation noise of a release key from :func:`fedtailor.privacy.noise.stream_words` (SHAKE-256), the
+private noise of a ``noise_key`` from :func:`fedtailor.privacy.noise.secure_stream_words` (ChaCha20).
 Every failure to decode raises :class:`CodecError` with a message that names the problem.
 """
 

@@ -12,68 +12,91 @@ Communication* (its section on communication, refs [8, 16]; see ``docs/codecs.md
 3. Decoder: ``y = beta (M + V_K) = u + E`` with ``E ~ N(0, sigma^2 I_b)`` exactly, independent of ``u``;
    ``K ~ Geometric(p)``, ``p = vol(B_b) / vol(cell)`` (0.308 on Z^4, 0.617 on D4, 1 for b = 1).
 
-Shared randomness of a release with key ``key`` (SHAKE-256 streams of :func:`fedtailor.privacy.noise.stream_words`,
-nothing global; ``K_p = derive_key(key, "lrsuq", p)``):
+Shared randomness of a release with key ``key``: two ChaCha20 streams (:class:`KeyStream`), each keyed by its own
+256-bit ``K_p = derive_key(key, "lrsuq", p)`` (nonce and counter zero; a fresh release key gives fresh keys, and
+nothing is global):
 
-* radius: words of the stream ``(K_radius)``, ``(b + 2) // 2`` per block (two more for odd b), block-major;
-  ``chi^2_{b+2} = -2 ln(U_1 ... U_m) [+ Z^2]``, ``U = (w >> 12 + 1/2) 2^-52`` in (0, 1).
-* dithers of iteration j: the stream ``(K_dither, j)``; its words ``r b .. r b + b - 1`` belong to the r-th
-  block (in block order) still unaccepted before iteration j.
-  The encoder draws one array per iteration for all unaccepted blocks; the decoder, knowing every K, knows
-  the unaccepted sets too and regenerates only V_K of each block (iterations 1..max K, one array each).
+* radius, ``K_radius``: ``(b + 2) // 2`` words per block, block-major, ``chi^2_{b+2} = -2 ln(U_1 ... U_m)``; for
+  odd b then one Box-Muller pair per two blocks for their ``Z^2`` (:func:`chi_square_from_words`);
+  ``U = (w >> 12 + 1/2) 2^-52`` in (0, 1).
+* dithers, ``K_dither``: one row of b words per (iteration, unaccepted block), iteration-major: iteration j's rows
+  follow those of iterations 1..j-1, one per block still unaccepted before iteration j, in block order.
+  The encoder draws the rows of a typical release ahead (``n / p`` plus four standard deviations; more in the
+  rare release that needs them) and reads iteration j's as a view; the decoder, knowing every K, knows every
+  iteration's unaccepted set, locates each block's V_K row and draws the stream once up to the last of them.
 
 All loops run over iterations, never over blocks.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, check_key, check_sigma
 from fedtailor.codecs.entropy import MAX_ABS_M, IterationLaw, make_coder
 from fedtailor.codecs.format import Frame, open_message, seal
 from fedtailor.codecs.lattices import Lattice, make_lattice
-from fedtailor.privacy.noise import KEY_BITS, open_unit, stream_words
+from fedtailor.privacy.noise import KEY_BITS, open_unit
 from fedtailor.rng import derive_key
 
 CODEC_ID = 3
 MAX_BLOCK = 8
 
 
-class IterationStream:
-    """The dither stream of one release: iteration j reads the SHAKE-256 stream ``(key, j)`` (any order).
-
-    The words are those of ``stream_words(key, iteration, count=count)``; the key's bytes are encoded once per
-    release instead of once per iteration (about 50 streams a release)."""
+class KeyStream:
+    """The ChaCha20 keystream (RFC 8439, OpenSSL through ``cryptography``) of one 256-bit key, read front to back
+    as little-endian uint64 words; nonce and block counter start at zero. Each key is used for one stream only."""
 
     def __init__(self, key: int) -> None:
-        self._key = key
-        self._prefix = check_key(key).to_bytes(KEY_BITS // 8, "little")
+        chacha_key = check_key(key).to_bytes(KEY_BITS // 8, "little")
+        self._encryptor = Cipher(algorithms.ChaCha20(chacha_key, bytes(16)), mode=None).encryptor()
+        self._zeros = memoryview(b"")
 
-    def words(self, iteration: int, count: int) -> np.ndarray:
+    def words(self, count: int) -> np.ndarray:
+        """The next ``count`` words of the stream."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        raw = str(int(iteration)).encode()  # the length-prefixed int label of stream_words
-        seed = self._prefix + len(raw).to_bytes(8, "little") + raw
-        return np.frombuffer(hashlib.shake_256(seed).digest(8 * count), dtype="<u8")
+        if len(self._zeros) < 8 * count:  # the plaintext: zeros, kept for the next (usually smaller) read
+            self._zeros = memoryview(bytes(8 * count))
+        return np.frombuffer(self._encryptor.update(self._zeros[: 8 * count]), dtype="<u8")
 
 
-def chi_square_from_words(words: np.ndarray, dof: int) -> np.ndarray:
-    """chi^2_dof per row of ``words`` (shape (n, dof // 2 + 2 * (dof % 2))): sums of Exp(1/2) and one Z^2."""
+def radius_words(n: int, dof: int) -> int:
+    """Words of the radius stream of ``n`` blocks: ``dof // 2`` per block, then for odd dof one pair per two blocks."""
+    return n * (dof // 2) + (dof % 2) * 2 * (-(-n // 2))
+
+
+def chi_square_from_words(words: np.ndarray, n: int, dof: int) -> np.ndarray:
+    """chi^2_dof for each of ``n`` blocks from the ``radius_words(n, dof)`` words of the radius stream.
+
+    The first ``n (dof // 2)`` words, block-major, are ``dof // 2`` uniforms per block: ``-2 ln(U_1 ... U_m)``, a sum
+    of m independent chi^2_2 (one log per block). For odd dof the rest are Box-Muller pairs ``(U, U')``, pair i for
+    blocks 2i and 2i + 1: with ``R^2 = -2 ln U`` and ``A = (pi / 2) U'``, ``R^2 cos^2 A`` and ``R^2 sin^2 A`` are
+    two independent chi^2_1 (only squares are used, so a quarter turn gives their law; one log and one cosine per
+    two blocks).
+    """
     half = dof // 2
-    u = open_unit(words)
-    out = np.zeros(u.shape[0])
+    out = np.zeros(n)
     if half:
+        u = open_unit(words[: n * half]).reshape(n, half)
         prod = u[:, 0].copy()
         for c in range(1, half):  # column products: much faster than np.prod over a short axis
             prod *= u[:, c]
         out -= 2.0 * np.log(prod)
     if dof % 2:
-        out += -2.0 * np.log(u[:, half]) * np.cos(2.0 * math.pi * u[:, half + 1]) ** 2
+        pairs = open_unit(words[n * half :]).reshape(-1, 2)
+        r2 = np.log(pairs[:, 0])
+        r2 *= -2.0
+        cos2 = np.cos((0.5 * math.pi) * pairs[:, 1])
+        cos2 *= cos2
+        z2 = np.empty(2 * r2.size)
+        z2[0::2] = r2 * cos2
+        z2[1::2] = r2 - z2[0::2]  # R^2 sin^2 A
+        out += z2[:n]
     return out
 
 
@@ -113,9 +136,8 @@ class LRSUQCodec(Codec):
     def radius(self, key: int, sigma: float, n_blocks: int) -> np.ndarray:
         """The layer radius rho of every block (step 1 of the module docstring)."""
         dof = self.radius_dof()
-        per_block = dof // 2 + 2 * (dof % 2)
-        words = stream_words(self.stream_key(key, "radius"), count=n_blocks * per_block).reshape(n_blocks, per_block)
-        return sigma * np.sqrt(chi_square_from_words(words, dof))
+        words = KeyStream(self.stream_key(key, "radius")).words(radius_words(n_blocks, dof))
+        return sigma * np.sqrt(chi_square_from_words(words, n_blocks, dof))
 
     def decoder_radius(self, key: int, sigma: float, n_blocks: int) -> np.ndarray:
         """The radius as the decoder regenerates it (the same stream as the encoder's)."""
@@ -125,21 +147,18 @@ class LRSUQCodec(Codec):
         """beta / rho."""
         return self.lattice.cell_scale
 
-    def dither_stream(self, key: int) -> IterationStream:
+    def dither_stream(self, key: int) -> KeyStream:
         """The dither stream of a release, keyed by ``stream_key(key, "dither")``."""
-        return IterationStream(self.stream_key(key, "dither"))
-
-    def dither_words(self, stream: IterationStream, iteration: int, n_active: int) -> np.ndarray:
-        """Raw words of iteration ``iteration`` for the ``n_active`` blocks still unaccepted, shape (n_active, b)."""
-        b = self.block_size
-        return stream.words(iteration, n_active * b).reshape(n_active, b)
+        return KeyStream(self.stream_key(key, "dither"))
 
     def candidate_error(self, m: np.ndarray, v: np.ndarray, x: np.ndarray) -> np.ndarray:
         """E_j / beta = (M_j + V_j) - u / beta, what the acceptance test looks at (step 2).
 
         Accepting ``||E_j|| <= rho`` is accepting ``||E_j / beta|| <= 1 / cell_scale``: no per-block scale in the loop.
         """
-        return m + v - x
+        out = m + v
+        out -= x
+        return out
 
     def decoder_iteration(self, k: np.ndarray) -> np.ndarray:
         """Which iteration's dither the decoder uses for each block: K."""
@@ -149,82 +168,77 @@ class LRSUQCodec(Codec):
     def encode_blocks(self, ub: np.ndarray, *, key: int, sigma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(K, M, V_K) for the blocks ``ub`` (shape (n, b)); vectorised over the unaccepted blocks.
 
-        Each iteration works on the still unaccepted blocks only; the accepted ones are kept as (rows, M, V)
-        pieces and put in block order once at the end (one gather per array, no scatter per iteration)."""
+        The dithers are drawn ahead, enough for a typical release at once: iteration j's are then a view of the
+        next rows. Each iteration works on the still unaccepted blocks only and keeps its (blocks, accepted, M);
+        the accepted rows are put in block order once at the end (one gather per array)."""
         n, b = ub.shape
         x = ub / (self.radius(key, sigma, n) * self.cell_scale())[:, None]
         if np.max(np.abs(x)) >= MAX_ABS_M:
             raise CodecError("input too large relative to the layer radius: lattice index beyond 2^50")
         bound = 1.0 / self.cell_scale() ** 2
         ones = np.ones(b)
-        index = np.arange(n)
-        rows, ms, vs, counts, iters = [], [], [], [], []
         stream = self.dither_stream(key)
-        for j in range(1, self.law.k_max + 1):
-            v = self.lattice.dither(self.dither_words(stream, j, index.size))
-            t = np.subtract(x, v)
-            m = self.lattice.quantize(t)
+        dithers = self.draw_dithers(stream, self.rows_ahead(n))
+        index, used = np.arange(n), 0
+        actives, rejected, ms = [], [], []
+        for _ in range(self.law.k_max):
+            missing = used + index.size - dithers.shape[0]
+            if missing > 0:  # rare: a release that needs more rows than drawn ahead
+                more = self.draw_dithers(stream, max(missing, self.rows_ahead(index.size)))
+                dithers = np.concatenate([dithers, more])
+            v = dithers[used : used + index.size]
+            used += index.size
+            m = self.lattice.quantize(x - v)
             e = self.candidate_error(m, v, x)
             np.multiply(e, e, out=e)
-            ok = e @ ones <= bound
-            accepted = np.count_nonzero(ok)
-            if accepted == index.size:  # the last iteration (and most of the tail): no compress
-                rows.append(index)
-                ms.append(m)
-                vs.append(v)
-                counts.append(accepted)
-                iters.append(j)
-                order = np.empty(n, dtype=np.int64)  # order[block] = its position among the pieces
-                order[np.concatenate(rows)] = np.arange(n)
-                k = np.repeat(iters, counts)[order]
-                return (
-                    k,
-                    np.concatenate(ms).astype(np.int64).take(order, axis=0),
-                    np.concatenate(vs).take(order, axis=0),
-                )
-            if accepted:
-                # np.compress is several times faster than boolean indexing on (n, b) arrays.
-                rows.append(index.compress(ok))
-                ms.append(m.compress(ok, axis=0))
-                vs.append(v.compress(ok, axis=0))
-                counts.append(accepted)
-                iters.append(j)
-                keep = ~ok
-                index, x = index.compress(keep), x.compress(keep, axis=0)
+            rejected.append(e @ ones > bound)
+            actives.append(index)
+            ms.append(m)
+            keep = rejected[-1].nonzero()[0]  # nonzero + take: faster than boolean indexing or compress here
+            index, x = index.take(keep), x.take(keep, axis=0)
+            if not index.size:
+                accepted = np.flatnonzero(~np.concatenate(rejected))  # stream rows of the accepted dithers
+                order = np.empty(n, dtype=np.int64)  # order[block] = its accepted row's rank
+                order[np.concatenate(actives).take(accepted)] = np.arange(n)
+                rows = accepted.take(order)
+                k = np.repeat(np.arange(1, len(ms) + 1), [a.size for a in actives]).take(rows)
+                return k, np.concatenate(ms).take(rows, axis=0).astype(np.int64), dithers.take(rows, axis=0)
         raise CodecError(
             f"{index.size} block(s) unaccepted after k_max = {self.law.k_max} iterations (probability < 1e-30 "
             "per block): check that the lattice cell contains the ball"
         )
 
-    def dithers_at(self, key: int, k: np.ndarray, iteration: np.ndarray) -> np.ndarray:
-        """V at ``iteration[i]`` for every block i, given the iteration counts K (which fix the active sets).
+    def rows_ahead(self, n_active: int) -> int:
+        """Dither rows the encoder draws at once for ``n_active`` unaccepted blocks: their expected sum of K,
+        ``n_active / p``, plus four standard deviations (more are drawn in the rare release that needs them)."""
+        p = self.law.p
+        return math.ceil((n_active + 4.0 * math.sqrt(n_active * (1.0 - p))) / p)
 
-        Iteration j's words go, b at a time, to the blocks with K >= j in block order (all blocks for j <= 1).
-        The wanted words of every iteration are gathered first and turned into dithers in one call.
+    def draw_dithers(self, stream: KeyStream, rows: int) -> np.ndarray:
+        """The next ``rows`` dithers of the stream (b words each)."""
+        return self.lattice.dither(stream.words(rows * self.block_size).reshape(rows, self.block_size))
+
+    def dithers_at(self, key: int, k: np.ndarray, iteration: np.ndarray) -> np.ndarray:
+        """V at ``iteration[i]`` (in [1, K_i]) for every block i, given the iteration counts K.
+
+        Iteration j's dithers follow those of iterations 1..j-1 in the stream and go, one row of b words each, to
+        the blocks with K >= j in block order. Each wanted block's row is located iteration by iteration; the
+        stream up to the last wanted row is drawn in one call and the wanted rows are gathered once.
         """
         n, b = k.size, self.block_size
-        if n == 0:
-            return np.empty((n, b))
-        stream = self.dither_stream(key)
-        active = np.arange(n)
-        targets, pieces = [], []
-        for j in range(int(iteration.min()), int(iteration.max()) + 1):
-            active = active.compress(k.take(active) >= j)
-            want = (iteration.take(active) == j).nonzero()[0]
-            if want.size:
-                words = self.dither_words(stream, j, int(want[-1]) + 1)
-                targets.append(active[want])
-                pieces.append(words.take(want, axis=0))
-        if not targets:
-            return np.empty((n, b))
-        rows, words = np.concatenate(targets), np.concatenate(pieces)
-        if rows.size < n:  # some block's iteration is beyond its K (a broken variant): its row stays undefined
-            v = np.empty((n, b))
-            v[rows] = self.lattice.dither(words)
-            return v
-        order = np.empty(n, dtype=np.int64)
-        order[rows] = np.arange(n)
-        return self.lattice.dither(words.take(order, axis=0))
+        if np.any(iteration < 1) or np.any(iteration > k):
+            raise ValueError("a block's dither iteration must lie in [1, K]")
+        row = np.empty(n, dtype=np.int64)  # each block's row in the stream
+        active, k_active, it_active = np.arange(n), k, iteration
+        offset = 0
+        for j in range(1, int(iteration.max(initial=0)) + 1):
+            want = (it_active == j).nonzero()[0]  # ranks among the blocks active in iteration j
+            row[active.take(want)] = want + offset
+            offset += active.size
+            keep = (k_active > j).nonzero()[0]
+            active, k_active, it_active = active.take(keep), k_active.take(keep), it_active.take(keep)
+        words = self.dither_stream(key).words(b * (int(row.max(initial=-1)) + 1)).reshape(-1, b)
+        return self.lattice.dither(words.take(row, axis=0))
 
     def decoder_dithers(self, key: int, k: np.ndarray) -> np.ndarray:
         """V_K of every block as the decoder regenerates it."""

@@ -1,11 +1,12 @@
 """Noise of the privacy mechanisms: cryptographic bit streams and Gaussian samplers hardened against
 floating-point attacks.
 
-Every random draw of a release comes from a keyed cryptographic stream of a 256-bit key and a label: what a
-decoder or a simulation regenerates (simulation noise, LRSUQ's radius and dithers) from :func:`stream_words`,
-SHAKE-256 (the FIPS 202 extendable-output function, a cryptographic PRF of its input); secure-mode noise that
-only its client draws (the dense codecs' noise, the context noise) from :func:`secure_stream_words`, ChaCha20,
-about 10x faster. Nothing is global and nothing depends on how many draws came before.
+Every random draw of a release comes from a keyed cryptographic stream of a 256-bit key and a label: simulation
+noise from :func:`stream_words`, SHAKE-256 (the FIPS 202 extendable-output function, a cryptographic PRF of its
+input); secure-mode noise that only its client draws (the dense codecs' noise, the context noise) from
+:func:`secure_stream_words`, ChaCha20, about 10x faster. (LRSUQ's shared randomness, which its decoder
+regenerates, reads ChaCha20 keystreams of its own keys: :class:`fedtailor.codecs.lrsuq.KeyStream`.) Nothing is
+global and nothing depends on how many draws came before.
 
 Where the key comes from is the *randomness mode* (docs/privacy.md, "Randomness"):
 
@@ -30,7 +31,7 @@ arXiv:2107.10138, section 5.1, n = 2).
   ``Z_j`` from four *distinct* Box-Muller pairs (each pair's cosine goes to one output, its sine to the next),
   as in Opacus where the four draws come from four independent calls; uniforms carry 52 random bits (Opacus's
   float32: 24), the transform and the sum run in float64 before any rounding to the release's float32.
-* :func:`gaussian_noise` (simulation, and every stream a decoder must regenerate): SHAKE-256 streams
+* :func:`gaussian_noise` (simulation, and the dense codecs' noise without a ``noise_key``): SHAKE-256 streams
   (:func:`stream_words`), kept bit for bit as they were so that simulation runs do not move. Its four draws per
   output are the cosine and sine of two Box-Muller pairs, so it averages two independent pairs, not four: a
   weaker floating-point defence, which does not matter in simulation, where the key comes from the config and
