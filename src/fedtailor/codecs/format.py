@@ -29,7 +29,7 @@ from fedtailor.codecs.base import CodecError
 from fedtailor.rng import derive_seed
 
 MAGIC = b"FTQ\x00"
-VERSION = 1
+VERSION = 2  # 2: LRSUQ's shared randomness from ChaCha20 keystreams (1: SHAKE-256)
 _HEADER = struct.Struct("<4sBBBBBBIII")
 HEADER_BYTES = _HEADER.size
 FRAME_BYTES = HEADER_BYTES + 4

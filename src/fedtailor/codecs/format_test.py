@@ -118,8 +118,8 @@ def test_foreign_magic_version_and_flags_are_rejected() -> None:
     codec = CODECS["lrsuq"]
     with pytest.raises(CodecError, match="not a fedtailor codec message"):
         codec.decode(patched(0, b"PK\x03\x04"), key=KEY, sigma=SIGMA, dim=DIM)
-    with pytest.raises(CodecError, match="version 2"):
-        codec.decode(patched(4, b"\x02"), key=KEY, sigma=SIGMA, dim=DIM)
+    with pytest.raises(CodecError, match="version 1"):
+        codec.decode(patched(4, b"\x01"), key=KEY, sigma=SIGMA, dim=DIM)
     with pytest.raises(CodecError, match="flags"):
         codec.decode(patched(9, b"\x01"), key=KEY, sigma=SIGMA, dim=DIM)
     assert msg[:4] == MAGIC and len(msg) > FRAME_BYTES
