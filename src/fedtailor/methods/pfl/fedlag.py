@@ -292,6 +292,9 @@ class FedLAG(Method[LagState, PersonalState]):
     def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
         return self.base.client_evaluate(msg, state, data)
 
+    def close(self) -> None:
+        self.base.close()
+
     def summary(self, server: LagState) -> dict[str, Any]:
         names = ["+".join(self.layers[i]) for i in self.candidates]
         out = {

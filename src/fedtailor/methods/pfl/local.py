@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ from fedtailor.fl.batched import Objective, explicit_sgd, supports, try_compile
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
+from fedtailor.fl.workers import WorkerPool
 from fedtailor.models.parts import head_module
 from fedtailor.rng import torch_generator
 
@@ -85,6 +86,13 @@ class LocalSGDConfig(Section):
         "client models; torch.func.vmap for other models); false: one client after another (same results to "
         "float rounding); auto: together, except a convolutional model without the hand-written backward on "
         "the CPU, where vmap is slower (docs/pfl.md)",
+    )
+    workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        0,
+        description="worker processes for the per-client path (vectorize false, or auto on a model the clients "
+        "cannot run together), each with this process's torch threads divided among them; 0: in this process; "
+        "auto: one per torch thread on the CPU (0 with one thread); unused when the clients run together. "
+        "Results equal the in-process path bit for bit at the same threads per process (docs/pfl.md)",
     )
     update_bound: float | None = Field(
         None,
@@ -158,6 +166,7 @@ class LocalTraining(Method[SharedState, PersonalState]):
         rounds: int,
         momentum: float = 0.0,
         vectorize: bool | Literal["auto"] = "auto",
+        workers: int | Literal["auto"] = 0,
         train_sizes: Mapping[int, int] | None = None,
         update_bound: float | None = None,
         update_bound_mode: Literal["reject", "clip"] = "reject",
@@ -179,6 +188,12 @@ class LocalTraining(Method[SharedState, PersonalState]):
         convolutional = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.model.modules())
         slow = convolutional and self.device.type == "cpu" and self.chain is None
         self.vectorize = not slow if vectorize == "auto" else bool(vectorize)
+        # the per-client path on worker processes (fl/workers.py), started at its first round; auto: one per thread
+        if workers == "auto":
+            workers = torch.get_num_threads() if device.type == "cpu" and torch.get_num_threads() > 1 else 0
+        if workers and device.type != "cpu":
+            raise ValueError(f"worker processes run clients on the CPU, not on {device}; set workers = 0.")
+        self.pool = WorkerPool(self, workers=workers) if workers else None
 
     # ----- what subclasses change ---------------------------------------------------------------------
     def local_program(
@@ -389,7 +404,10 @@ class LocalTraining(Method[SharedState, PersonalState]):
     ) -> dict[int, tuple[Message, PersonalState]]:
         """The round's local programs of all ``msgs`` executed together (``vectorize``): the clients' starting
         models are stacked and :meth:`local_program` runs once on the stack. Same results as one
-        :meth:`client_fit` per client, to float rounding (tested)."""
+        :meth:`client_fit` per client, to float rounding (tested). Otherwise one :meth:`client_fit` per client,
+        on the worker processes when there are (``workers``; bit for bit the in-process results)."""
+        if not self.vectorize and self.pool is not None:
+            return self.pool.client_fit_many(msgs, states, data)
         cids = sorted(msgs)
         names = {frozenset(msgs[c].arrays) for c in cids}
         if not self.vectorize or len(cids) < 2 or len(names) > 1 or len({msgs[c].config["round"] for c in cids}) > 1:
@@ -415,6 +433,10 @@ class LocalTraining(Method[SharedState, PersonalState]):
                 ),
             )
         return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
     def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
         theta, extra, _ = self.start_model(msg, state)

@@ -39,6 +39,7 @@ def register_base(
             device=setup.device,
             rounds=setup.cfg.federation.rounds,
             vectorize=m.vectorize,
+            workers=m.workers,
             train_sizes=train_sizes(setup.clients),
             update_bound=m.update_bound,
             update_bound_mode=m.update_bound_mode,
