@@ -1,8 +1,10 @@
 """One FedAvg round of the FedLAG setup (20 MNIST clients, per-class Dirichlet, batch 16, lr 0.005, one epoch):
 fedtailor's clients executed together with the hand-written backward (``fl/batched.py``, the default), the same
-with the ``torch.func.vmap`` fallback, its per-client path, and a per-client loop written the way PFLlib does it
-(a DataLoader and a torch.optim.SGD per client, a deep copy of the global model per client), measured side by
-side in one run (rounds interleaved), on the DNN and the FedAvgCNN at alpha 1.0 and 0.1. All paths use the same
+with the ``torch.func.vmap`` fallback, its per-client path, the per-client path on worker processes
+(``fl/workers.py``: ``--workers`` processes, the ``--threads`` divided among them, started before the first,
+untimed, round), and a per-client loop written the way PFLlib does it (a DataLoader and a torch.optim.SGD per
+client, a deep copy of the global model per client), measured side by side in one run (rounds interleaved), on
+the DNN and the FedAvgCNN at alpha 1.0 and 0.1. All paths use the same
 batch orders, and the benchmark asserts that they give the same model: per tensor, the difference to the
 PFLlib-style model is at most 1% of that model's round update in norm (a tolerance that holds at any thread
 count: float rounding differs between kernels and thread counts and grows over a round's ~250 steps, but stays
@@ -12,7 +14,7 @@ weight gradients, input gradients above the first layer) at the rate of one larg
 run.
 
     python benchmarks/bench_pfl_round.py [--threads 2] [--repeat 3] [--models dnn,fedavgcnn] [--alphas 1.0,0.1] \
-        [--device cpu|cuda] [--no-vmap]
+        [--device cpu|cuda] [--no-vmap] [--workers 2]
 
 On CUDA the fedtailor paths keep every client's records on the GPU; the PFLlib-style loop keeps them on the CPU
 and moves each batch to the GPU, as PFLlib's clients do. Times are taken after ``torch.cuda.synchronize()``.
@@ -36,6 +38,7 @@ from harness import report
 
 from fedtailor.config import load_config
 from fedtailor.experiment import build_method, build_setup
+from fedtailor.fl.workers import WorkerPool
 from fedtailor.methods.pfl.fedlag import conflict_counts
 from fedtailor.models.parts import layer_units
 
@@ -161,6 +164,7 @@ def main() -> None:
     ap.add_argument("--alphas", default="1.0,0.1")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the records and models live there)")
     ap.add_argument("--no-vmap", action="store_true", help="leave out the vmap fallback path")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of the workers path (0: leave it out)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows, notes = [], []
@@ -178,13 +182,18 @@ def main() -> None:
             )
             setup = build_setup(cfg)
             host = {c: (cl.train[0].cpu(), cl.train[1].cpu()) for c, cl in setup.clients.items()}
-            fast, vm, slow = build_method(setup), build_method(setup), build_method(setup)
-            fast.base.vectorize, vm.base.vectorize, slow.base.vectorize = True, True, False
+            fast, vm, slow, pooled = (build_method(setup) for _ in range(4))
+            fast.base.vectorize = vm.base.vectorize = True
+            slow.base.vectorize = pooled.base.vectorize = False
             vm.base.chain = None  # the torch.func.vmap fallback
             assert fast.base.chain is not None, "the model should have the hand-written backward"
-            paths = {"batched": fast.base, "vmap": vm.base, "per-client": slow.base}
+            paths = {"batched": fast.base, "vmap": vm.base, "per-client": slow.base, "workers": pooled.base}
             if args.no_vmap:
                 del paths["vmap"]
+            if args.workers and setup.device.type == "cpu":
+                pooled.base.pool = WorkerPool(pooled.base, workers=args.workers)
+            else:
+                del paths["workers"]
             times: dict[str, list[float]] = {k: [] for k in [*paths, "pfllib"]}
             start = fast.base.init_server().params
             for rnd in range(1, args.repeat + 2):
@@ -196,6 +205,8 @@ def main() -> None:
                         times[k].append(ta)
                 if rnd > 1:
                     times["pfllib"].append(tc)
+            workers = f", workers path {args.workers} x {pooled.base.pool.threads} threads" if pooled.base.pool else ""
+            pooled.close()
             med = {k: statistics.median(v) for k, v in times.items()}
             score = statistics.median(scoring_time(fast.base, setup, 1) for _ in range(args.repeat))
             sizes = sorted(len(cl.train[1]) for cl in setup.clients.values())
@@ -207,6 +218,8 @@ def main() -> None:
             row["batched vs PFLlib-style"] = med["pfllib"] / med["batched"]
             if "vmap" in med:
                 row["vmap vs PFLlib-style"] = med["pfllib"] / med["vmap"]
+            if "workers" in med:
+                row["workers vs PFLlib-style"] = med["pfllib"] / med["workers"]
             row["floor (s)"] = floor
             row["batched / floor"] = med["batched"] / floor
             row["batched us/record"] = 1e6 * med["batched"] / records
@@ -214,7 +227,7 @@ def main() -> None:
             rows.append(row)
             notes.append(
                 f"- {model}, alpha {alpha}: client training sizes {sizes[0]}..{sizes[-1]} "
-                f"(median {sizes[len(sizes) // 2]}), conflict scoring {1e3 * score:.1f} ms"
+                f"(median {sizes[len(sizes) // 2]}), conflict scoring {1e3 * score:.1f} ms{workers}"
             )
     where = f"{args.threads} threads" if setup.device.type == "cpu" else torch.cuda.get_device_name(setup.device)
     notes.append(f"- one large matmul (2048^3): {rate / 1e9:.1f} GFLOP/s, the rate the floors assume")
