@@ -10,9 +10,9 @@ MLP are. Client parameters are stacked along a leading client axis ``A`` and act
 * ``Conv2d``: one convolution with ``A`` groups over all clients (forward and ``convolution_backward``; oneDNN
   on the CPU, cuDNN on CUDA): feature maps live as one channels-last batch ``(B, A C, H, W)``, client ``a``'s
   channels in group ``a``, viewed as ``(A, B, C, H, W)`` between layers (no copies from one convolution to the
-  next). On the CPU, channels-last grouped kernels ran 1.3-1.5x faster a step than one convolution per client
-  (a single-channel first layer about 4x: its per-client weight gradient is poorly vectorised); pooling runs on
-  the same layout;
+  next). On the CPU the channels-last grouped kernels run faster than one convolution per client, most of all
+  for a single-channel first layer, whose per-client weight gradient oneDNN vectorises poorly (docs/pfl.md);
+  pooling runs on the same layout;
 * ``ReLU``, ``max_pool2d``, ``flatten``: one op over all clients (``threshold_backward``,
   ``max_pool2d_with_indices_backward``: autograd's own backward kernels); a ReLU followed by a max-pool runs as
   the pool then the ReLU (the same values and gradients exactly, on a quarter of the entries);
