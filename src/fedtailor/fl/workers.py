@@ -19,6 +19,9 @@ processes (:class:`WorkerPool`), for models whose clients cannot be executed tog
 * **Errors**: an exception in a client's ``client_fit`` is raised here with its own type (its traceback in the
   worker as the cause, a note naming the client and the worker); a worker that dies raises :class:`WorkerError`.
   Either closes the pool first, so nothing waits on a worker that will not answer.
+* **Trust**: pickle (multiprocessing's own, through ``Connection.recv``) crosses only the private pipes between
+  this process and the workers it spawned, both ends running this code; nothing from a client node, a peer or a
+  file is unpickled here.
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ class WorkerPool:
     def _receive(self, w: int, doing: str) -> Any:
         """The answer of worker ``w``: its result, or the error it raised (re-raised here)."""
         try:
-            kind, value, text = pickle.loads(self._conns[w].recv_bytes())
+            kind, value, text = self._conns[w].recv()
         except (EOFError, OSError):
             raise self._died(w, doing) from None
         self._busy.discard(w)
@@ -218,14 +221,14 @@ def _serve(conn: Connection, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the pool
     torch.set_num_threads(threads)
     try:
-        method = pickle.loads(conn.recv_bytes())
+        method = conn.recv()
     except Exception as err:
         _failure(conn, err)
         return
     _answer(conn, "ok", os.getpid())
     records: dict[int, ClientData] = {}
     with contextlib.suppress(EOFError):  # the parent is gone
-        while (task := pickle.loads(conn.recv_bytes())) is not None:
+        while (task := conn.recv()) is not None:
             cid, msg, state, data = task
             if data is not None:
                 records[cid] = data
