@@ -210,16 +210,21 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 def _conv_coefficients(
     x: torch.Tensor, delta: torch.Tensor, mod: nn.Conv2d, lay: Layer, A: torch.Tensor, B: torch.Tensor
 ) -> torch.Tensor:
-    """``A^T (sum_p delta_p x~_p^T) B`` per record of a convolution, ``(n, k1, k2)``: the errors are projected on
-    ``A`` first (``(n, k1, oh, ow)``) and each record's weight gradient of those ``k1`` channels comes from one
-    grouped ``convolution_backward`` (records as groups: no unfolded patches are built)."""
-    n, k1 = x.shape[0], A.shape[1]
-    # (delta_p A) over the positions of every record, as one matrix product in the errors' own memory order
-    left = (delta.permute(0, 2, 3, 1) @ A).permute(0, 3, 1, 2).contiguous()
+    """``A^T (sum_p delta_p x~_p^T) B`` per record of a convolution, ``(n, k1, k2)``: each record's weight gradient
+    comes from one grouped ``convolution_backward`` (records as groups: no unfolded patches are built), of the
+    errors projected on ``A`` first (``(n, k1, oh, ow)``) or, when that costs fewer multiply-adds (``k1`` near the
+    layer's channel count), of the errors themselves with ``A^T`` applied to the small per-record gradients."""
+    n, channels, k1 = x.shape[0], delta.shape[1], A.shape[1]
+    positions = delta.shape[2] * delta.shape[3]
+    first = channels * k1 * positions + k1 * lay.fan_in * positions  # per record, projecting the errors first
+    after = channels * lay.fan_in * positions + k1 * channels * lay.fan_in
+    # (delta_p A) over the positions of every record: one product in the errors' memory order
+    errs = (delta.permute(0, 2, 3, 1) @ A).permute(0, 3, 1, 2).contiguous() if first <= after else delta.contiguous()
+    rows = errs.shape[1]
     grad = torch.ops.aten.convolution_backward(
-        left.reshape(1, n * k1, *left.shape[2:]),
+        errs.reshape(1, n * rows, *errs.shape[2:]),
         x.reshape(1, -1, *x.shape[2:]),
-        x.new_empty(n * k1, *mod.weight.shape[1:]),
+        x.new_empty(n * rows, *mod.weight.shape[1:]),
         None,
         list(mod.stride),
         list(mod.padding),
@@ -228,10 +233,13 @@ def _conv_coefficients(
         [0, 0],
         n,
         [False, True, False],
-    )[1]
-    out = grad.reshape(n, k1, lay.fan_in) @ B[: lay.fan_in]
+    )[1].reshape(n, rows, lay.fan_in)
+    summed = errs.sum((2, 3))  # (n, rows): the bias column's gradient
+    if first > after:
+        grad, summed = A.T @ grad, summed @ A
+    out = grad @ B[: lay.fan_in]
     if lay.bias:
-        out = out + left.sum((2, 3))[:, :, None] * B[lay.fan_in][None, None, :]
+        out = out + summed[:, :, None] * B[lay.fan_in][None, None, :]
     return out
 
 
@@ -368,21 +376,22 @@ class LayerKroneckerSubspace(Subspace):
             for h in handles:
                 h.remove()
         n = inputs.shape[0]
-        parts = []
-        for lay, A, B, delta in zip(self.layers, self.A, self.B, deltas):
+        out = inputs.new_empty(n, self.rank, dtype=self.A[0].dtype)  # each layer's block written in its columns
+        for lay, (k1, k2), A, B, delta, cols in zip(
+            self.layers, self.shapes, self.A, self.B, deltas, torch.split(out, self.splits, dim=1)
+        ):
             x = captured[lay.module][0]
             mod = mods[lay.module]
+            block = cols.view(n, k1, k2)
             if isinstance(mod, nn.Conv2d):
-                parts.append(_conv_coefficients(x, delta, mod, lay, A, B).reshape(n, -1))
-                continue
-            if x.ndim == 2:  # one position: the outer product of the two projected vectors
+                block.copy_(_conv_coefficients(x, delta, mod, lay, A, B))
+            elif x.ndim == 2:  # one position: the outer product of the two projected vectors, written in place
                 left, right = delta @ A, x @ B[: lay.fan_in]
                 if lay.bias:
                     right = right + B[lay.fan_in]
-                parts.append((left[:, :, None] * right[:, None, :]).reshape(n, -1))
-                continue
+                torch.mul(left[:, :, None], right[:, None, :], out=block)
             else:  # a Linear applied at every position of (n, ..., fan_in)
-                cols = x.reshape(n, -1, lay.fan_in).transpose(1, 2)
+                patches = x.reshape(n, -1, lay.fan_in).transpose(1, 2)
                 errs = delta.reshape(n, -1, lay.out).transpose(1, 2)
-            parts.append(_project_positions(errs, cols, A, B, bias=lay.bias).reshape(n, -1))
-        return torch.cat(parts, dim=1)
+                block.copy_(_project_positions(errs, patches, A, B, bias=lay.bias))
+        return out
