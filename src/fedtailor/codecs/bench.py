@@ -38,7 +38,7 @@ DEFAULT_SPECS: tuple[tuple[str, str, dict[str, object]], ...] = (
 )
 PAPER_LRSUQ_BPC = 12.01
 PAPER_LRSUQ_MS = 13.97
-# Targets of issue 22 (item 5), per release at k = 16,384 on one core: (column, at most ms), by registry name.
+# The project's speed targets, per release at k = 16,384 on one core: (column, at most ms), by registry name.
 TARGETS: dict[str, tuple[str, float]] = {
     "dg-fp32": ("encode ms", 1.0),
     "lrsuq": ("enc+dec ms", 5.0),
@@ -135,7 +135,7 @@ def bench_notes(*, k: int = 16384, sigma: float = 0.01468, norm: float = 1.0) ->
         f"D4 {lrsuq_ideal_bpc(d4):.3f} bpc (p = {d4.law.p:.4f}); b = 1 needs no K.\n"
         f"Paper (Table 3): LRSUQ {PAPER_LRSUQ_BPC} bpc, {PAPER_LRSUQ_MS} ms per event; "
         "DG+Q12 11.09 ms, DG FP32 0.14 ms.\n"
-        "Targets (issue 22, item 5), per release on one core: DG FP32 encode with secure noise <= 1 ms, "
+        "Targets, per release on one core: DG FP32 encode with secure noise <= 1 ms, "
         "LRSUQ encode + decode <= 5 ms."
     )
 
