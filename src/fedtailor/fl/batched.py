@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fedtailor.models.parts import channels_last
+
 Params = dict[str, torch.Tensor]
 
 
@@ -142,16 +144,12 @@ class Layer(ABC):
         returns if needed: a sink may update the parameters in place)."""
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last)
-
-
 def _grouped(h: torch.Tensor) -> torch.Tensor:
     """The clients' feature maps ``(A, B, C, H, W)`` as one channels-last batch ``(B, A C, H, W)`` whose channels
     ``a C .. a C + C - 1`` are client ``a``'s, the input of one convolution with ``A`` groups: a view when ``h``
     came from :func:`_per_client` (memory ``(B, H, W, A, C)``), one copy otherwise."""
     a, b, c, height, width = h.shape
-    return _channels_last(h.transpose(0, 1).reshape(b, a * c, height, width))
+    return channels_last(h.transpose(0, 1).reshape(b, a * c, height, width))
 
 
 def _per_client(t: torch.Tensor, clients: int) -> torch.Tensor:
@@ -189,7 +187,7 @@ class Conv2d(Layer):
     def forward(self, p, h):
         clients = len(h)
         x = _grouped(h)
-        w = _channels_last(p[self.names[0]].flatten(0, 1))  # (A C_out, C_in, k, k): client a's filters in group a
+        w = channels_last(p[self.names[0]].flatten(0, 1))  # (A C_out, C_in, k, k): client a's filters in group a
         b = p[self.names[1]].flatten() if len(self.names) > 1 else None
         out = F.conv2d(x, w, b, self.stride, self.padding, self.dilation, clients)
         return _per_client(out, clients), (x, w)

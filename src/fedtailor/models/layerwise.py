@@ -39,6 +39,7 @@ from torch.func import functional_call
 
 from fedtailor.models.basis import Subspace, haar_columns
 from fedtailor.models.flat import FlatLayout
+from fedtailor.models.parts import channels_last
 from fedtailor.rng import numpy_rng
 
 LossFn = Callable[..., torch.Tensor]
@@ -203,10 +204,6 @@ def layer_ranks(shapes: list[tuple[int, int]], rank: int, allocation: Allocation
     )
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 else t
-
-
 def _conv_coefficients(
     x: torch.Tensor, delta: torch.Tensor, mod: nn.Conv2d, lay: Layer, A: torch.Tensor, B: torch.Tensor
 ) -> torch.Tensor:
@@ -354,9 +351,7 @@ class LayerKroneckerSubspace(Subspace):
                         "'layer-kronecker' needs each layer used once. Use 'kronecker' or 'blocked-dct'."
                     )
                 captured[name] = (args[0].detach(), out)
-                if out.ndim == 4:  # later layers (ReLU, pooling, the next convolution) run channels-last
-                    return out.contiguous(memory_format=torch.channels_last)
-                return None
+                return channels_last(out)  # later layers (ReLU, pooling, the next convolution) run channels-last
 
             return fn
 
@@ -365,11 +360,11 @@ class LayerKroneckerSubspace(Subspace):
             # leaves that require grad, so that every layer output is on the graph (their own grads are never computed)
             # convolutions in channels-last layout: the CPU's pooling and convolution kernels are several times faster
             p = {
-                k: _channels_last(v.detach()).requires_grad_(True)
+                k: channels_last(v.detach()).requires_grad_(True)
                 for k, v in (params or dict(model.named_parameters())).items()
             }
             with torch.enable_grad():
-                logits = functional_call(model, p, (_channels_last(inputs),))
+                logits = functional_call(model, p, (channels_last(inputs),))
                 outs = [captured[lay.module][1] for lay in self.layers]
                 deltas = torch.autograd.grad(loss_fn(logits, targets, reduction="sum"), outs)
         finally:

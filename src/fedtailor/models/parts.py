@@ -10,8 +10,11 @@ statistics) are never layers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
+import torch
 from torch import nn
 
 LayerUnit = Literal["tensor", "module"]
@@ -48,3 +51,25 @@ def layer_units(model: nn.Module, unit: LayerUnit = "tensor") -> list[tuple[str,
     for n in names:
         groups.setdefault(n.rpartition(".")[0], []).append(n)
     return [tuple(v) for v in groups.values()]
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A 4-D tensor in channels-last memory order (the CPU's pooling and convolution kernels run several times
+    faster on it); other tensors as they are."""
+    return t.contiguous(memory_format=torch.channels_last) if t.ndim == 4 else t
+
+
+@contextmanager
+def channels_last_convolutions(model: nn.Module) -> Iterator[None]:
+    """Within the block, every ``nn.Conv2d`` of ``model`` returns its output channels-last (so the pooling after
+    it runs on the fast kernel); the values are unchanged."""
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: channels_last(out))
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d)
+    ]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()

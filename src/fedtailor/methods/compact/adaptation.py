@@ -61,6 +61,7 @@ from fedtailor.fl.registry import register_method
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
 from fedtailor.models.layerwise import Allocation, LayerKroneckerSubspace
+from fedtailor.models.parts import channels_last_convolutions
 from fedtailor.models.subspace import SubspaceKind, make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
@@ -753,19 +754,11 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         x, y = data.eval
         params = self.layout.unflatten(self.theta(msg.arrays["a"]))
         correct, loss = 0, 0.0
-        # convolution outputs channels-last: the CPU's pooling kernel runs several times faster on them
-        convs = [m for m in self.model.modules() if isinstance(m, nn.Conv2d)]
-        hooks = [
-            m.register_forward_hook(lambda m, i, out: out.contiguous(memory_format=torch.channels_last)) for m in convs
-        ]
-        try:
+        with channels_last_convolutions(self.model):
             for start in range(0, len(x), 2048):
                 logits = functional_call(self.model, params, (x[start : start + 2048],))
                 correct += int((logits.argmax(1) == y[start : start + 2048]).sum())
                 loss += float(F.cross_entropy(logits, y[start : start + 2048], reduction="sum"))
-        finally:
-            for h in hooks:
-                h.remove()
         return {"accuracy": correct / len(x), "loss": loss / len(x), "num_examples": float(len(x))}
 
     # ----- run summary ------------------------------------------------------------------------------------
