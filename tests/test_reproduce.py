@@ -299,3 +299,65 @@ def test_a_repeated_seed_or_grid_value_is_refused(tmp_path, registry):
     twice = rp.Experiment("twice", "x", (rp.Block("lr", cfg, (("method.lr", ("0.1", "0.2", "0.1")),)),))
     with pytest.raises(ValueError, match="twice/lr: the grid of method.lr gives value 0.1 more than once"):
         rp.plan(["twice"], out=tmp_path, seeds=None, quick=False, registry={"twice": twice})
+
+
+def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path):
+    """The tuning stage runs every (point, step size) on a validation split, chooses per point the step with the
+    best validation accuracy, and the experiment's runs then use it; a failed tuning run is never chosen."""
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY_TOML)
+    block = rp.Block("per-round", str(cfg), (("federation.clients_per_round", ("2", "3")),))
+    exp = rp.Experiment(
+        "tuned",
+        "FedAvg at two participation levels, each with its own step",
+        (block,),
+        quick=("federation.rounds=2",),
+        seeds=(1,),
+        tuning=rp.Tuning(grid=(("method.lr", ("0.01", "0.5")),), seeds=(1,)),
+    )
+    registry, out = {"tuned": exp}, tmp_path / "out"
+    assert "+ 4 to tune" in rp.listing(registry)
+    tuning = rp.plan_tuning(["tuned"], out=out, quick=True, registry=registry)
+    assert len(tuning) == 4 and all(r.cfg.data.validation == 0.2 for r in tuning)
+    assert rp.execute(tuning, jobs=2) == []
+    rp.choose(tuning, out=out, quick=True, registry=registry)
+    record = json.loads((out / "tuned" / "tuning" / "choices.json").read_text())
+    for n in ("2", "3"):
+        scores = {
+            lr: json.loads(
+                (
+                    out / "tuned" / "tuning" / "per-round" / f"clients_per_round={n}_lr={lr}" / "seed1" / "results.json"
+                ).read_text()
+            )["summary"]["seen/accuracy"]
+            for lr in ("0.01", "0.5")
+        }
+        best = max(scores, key=scores.__getitem__)
+        assert record["choices"][f"per-round/clients_per_round={n}"] == {"method.lr": best}
+    runs = rp.plan(["tuned"], out=out, seeds=None, quick=True, registry=registry)
+    for r in runs:
+        chosen = record["choices"][f"per-round/{slug(r.point)}"]["method.lr"]
+        assert r.cfg.method.lr == float(chosen) and r.cfg.data.validation == 0.0
+    # choices made at the --quick scale are not used at full scale
+    assert all(r.cfg.method.lr == 0.1 for r in rp.plan(["tuned"], out=out, seeds=None, quick=False, registry=registry))
+    # a failed tuning run scores nothing: the other step is chosen
+    winner = record["choices"]["per-round/clients_per_round=2"]["method.lr"]
+    failed = next(r for r in tuning if dict(r.point) == {"federation.clients_per_round": "2", "method.lr": winner})
+    (failed.out / "results.json").unlink()
+    rp.choose(tuning, out=out, quick=True, registry=registry)
+    again = json.loads((out / "tuned" / "tuning" / "choices.json").read_text())["choices"]
+    assert again["per-round/clients_per_round=2"] == {"method.lr": "0.5" if winner == "0.01" else "0.01"}
+    rows = list(csv.DictReader((out / "tuned" / "tuning" / "tuning.csv").open()))
+    assert sum(r["chosen"] == "True" for r in rows) == 2 and len(rows) == 4
+
+
+def test_a_block_that_fixes_a_tuned_key_is_refused(tmp_path):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY_TOML)
+    exp = rp.Experiment(
+        "clash",
+        "a block fixing the step the tuning stage tunes",
+        (rp.Block("fixed", str(cfg), sets=("method.lr=0.2",)),),
+        tuning=rp.Tuning(grid=(("method.lr", ("0.01", "0.5")),)),
+    )
+    with pytest.raises(ValueError, match="clash/fixed sets method.lr, which its tuning stage tunes"):
+        rp.plan_tuning(["clash"], out=tmp_path, quick=True, registry={"clash": exp})

@@ -1,4 +1,4 @@
-"""``fedtailor reproduce NAME [...] [--quick] [--seeds 41-43] [--jobs N] [--out DIR]`` and ``--list``."""
+"""``fedtailor reproduce NAME [...] [--tune] [--quick] [--seeds 41-43] [--jobs N] [--out DIR]`` and ``--list``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         seeds=parse_seeds(args.seeds) if args.seeds else None,
         quick=args.quick,
         jobs=args.jobs,
+        tune=args.tune,
         progress=lambda line: print(line, file=sys.stderr),
     )
     print(f"report: {outcome.report}")
@@ -47,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--list", action="store_true", help="list the experiments and their sizes")
     p.add_argument("--quick", action="store_true", help="the reduced scale of each experiment")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="first choose each point's step size on a validation split (the experiment's tuning stage)",
+    )
     p.add_argument("--seeds", help="override the experiments' seeds, e.g. 41-43")
     p.add_argument(
         "--jobs",

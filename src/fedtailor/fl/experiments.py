@@ -47,12 +47,30 @@ class Block:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """The tuning stage of an experiment: every point of its blocks (each compared method and variant, at each
+    setting) gets its own values of ``grid`` (e.g. the step size ``method.lr``), chosen by ``metric`` on a
+    validation split held out of the seen clients' training records (``sets``), from the same grid and the same
+    budget (rounds, ``seeds``) for all. Blocks that read another run (``Block.needs``) are not tuned."""
+
+    grid: tuple[tuple[str, tuple[str, ...]], ...]
+    sets: tuple[str, ...] = ("data.validation=0.2",)
+    metric: str = "seen/accuracy"
+    seeds: tuple[int, ...] = (41,)
+
+    def points(self) -> list[tuple[tuple[str, str], ...]]:
+        """Every combination of the grid's values, in grid order."""
+        return list(itertools.product(*[[(k, v) for v in vals] for k, vals in self.grid]))
+
+
+@dataclass(frozen=True)
 class Experiment:
     """A named list of blocks with its seeds, the overrides of ``--quick`` and the metrics its table shows.
 
     ``x_axis``: a numeric axis for ``trend.png`` (each metric against it, one line per other point value), as the
     papers' figures: a grid key's last part (``"coef_dim"``, ``"alpha"``) or ``"block"`` (the number in the block
-    name, e.g. eps16 -> 16); ``log_x``: that axis on a log scale."""
+    name, e.g. eps16 -> 16); ``log_x``: that axis on a log scale; ``tuning``: the experiment's tuning stage
+    (``fedtailor reproduce NAME --tune``), whose choices its runs then use."""
 
     name: str
     description: str
@@ -62,6 +80,7 @@ class Experiment:
     seeds: tuple[int, ...] = (41, 42, 43)
     x_axis: str | None = None
     log_x: bool = False
+    tuning: Tuning | None = None
 
 
 _EXPERIMENTS: dict[str, tuple[str, Experiment]] = {}  # name -> (registering module, experiment)

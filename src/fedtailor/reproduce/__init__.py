@@ -13,7 +13,9 @@ alpha 0.5 is Table 1 at eps 16). ``--jobs N`` runs N processes of ``cores // N``
 (``OMP_NUM_THREADS``), never more than the cores.
 
 Three steps, one module each: :mod:`.plan` (the runs, validated before any starts), :mod:`.execute` (the
-processes) and :mod:`.report` (tables, plots, ``report.html``); :func:`reproduce` chains them.
+processes) and :mod:`.report` (tables, plots, ``report.html``); :func:`reproduce` chains them. ``--tune`` first
+runs an experiment's tuning stage (:mod:`.tune`: each point's own step size, chosen on a validation split) and
+then the experiment with those choices.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment
+from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment, Tuning
 from fedtailor.reproduce.execute import execute
 from fedtailor.reproduce.plan import Run, listing, plan
 from fedtailor.reproduce.report import html_report, tables
+from fedtailor.reproduce.tune import choose, load_choices, plan_tuning
 
 __all__ = [
     "EXPERIMENTS",
@@ -34,10 +37,14 @@ __all__ = [
     "Experiment",
     "Outcome",
     "Run",
+    "Tuning",
+    "choose",
     "execute",
     "html_report",
     "listing",
+    "load_choices",
     "plan",
+    "plan_tuning",
     "reproduce",
     "tables",
 ]
@@ -61,10 +68,19 @@ def reproduce(
     seeds: list[int] | None = None,
     quick: bool = False,
     jobs: int = 1,
+    tune: bool = False,
     progress: Callable[[str], None] = log.info,
 ) -> Outcome:
-    """Plan the named experiments, run what is not finished, and write their tables, plots and ``report.html``."""
+    """Plan the named experiments, run what is not finished, and write their tables, plots and ``report.html``.
+    ``tune``: first run the tuning stages and write their choices, which the runs then use (a failed tuning run
+    scores nothing; its point is chosen from the others)."""
+    failed: list[Run] = []
+    if tune:
+        tuning = plan_tuning(names, out=out, quick=quick)
+        failed += execute(tuning, jobs=jobs, progress=progress)
+        for path in choose(tuning, out=out, quick=quick):
+            progress(f"reproduce: tuning choices in {path}")
     runs = plan(names, out=out, seeds=seeds, quick=quick)
-    failed = execute(runs, jobs=jobs, progress=progress)
+    failed += execute(runs, jobs=jobs, progress=progress)
     folders = tables(runs, out=out)
     return Outcome(runs=runs, failed=failed, report=html_report(folders, out=out))

@@ -46,13 +46,18 @@ class Run:
         return finished(self.out, self.cfg)
 
 
-def _config_path(config: str) -> str:
+def config_path(config: str) -> str:
     """A block's config as given if it exists from here, else inside the fedtailor checkout this package runs from
     (``configs/...`` beside ``src/``), so a reproduction starts from any directory."""
     if Path(config).exists():
         return config
     beside = Path(fedtailor.__file__).resolve().parents[2] / config
     return str(beside) if beside.exists() else config
+
+
+def unit_key(block: str, point: Point) -> str:
+    """A point's name in tuning choices: ``block/<point slug>``."""
+    return f"{block}/{slug(point)}"
 
 
 def _once(values: Sequence[object], what: str, noun: str) -> None:
@@ -71,8 +76,10 @@ def plan(
     registry: Mapping[str, Experiment] = EXPERIMENTS,
 ) -> list[Run]:
     """Every run of the named experiments (``all``: every one; ``NAME/BLOCK[,BLOCK]``: those blocks), each config
-    validated now (a bad point fails before any run)."""
+    validated now (a bad point fails before any run). A point of an experiment with a tuning stage runs with its
+    tuned values when there are choices (:func:`fedtailor.reproduce.tune.load_choices`)."""
     from fedtailor.experiment import check_data_name
+    from fedtailor.reproduce.tune import load_choices
 
     if seeds is not None:
         _once(seeds, "--seeds", "seed")
@@ -89,6 +96,7 @@ def plan(
                 f"{spec!r}: {name} has the blocks {', '.join(b.name for b in exp.blocks)}; "
                 f"name them as {name}/BLOCK[,BLOCK]."
             )
+        tuned = load_choices(name, out=out, quick=quick) if exp.tuning is not None else {}
         run_seeds = seeds or (exp.seeds[:1] if quick else exp.seeds)
         _once(run_seeds, f"{name}: the seeds", "seed")
         known = {f"{b.name}/{slug(p)}" for b in exp.blocks for p in b.points()}
@@ -102,9 +110,16 @@ def plan(
                 for seed in run_seeds:
                     after = seed_dir(out / name / block.needs, seed) if block.needs else None
                     fixed = [v.replace("{needs}", str(after)) for v in block.sets]
-                    sets = [*fixed, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point), f"seed={seed}"]
+                    chosen = tuned.get(unit_key(block.name, point), {}) if block.needs is None else {}
+                    sets = [
+                        *fixed,
+                        *(exp.quick if quick else ()),
+                        *(f"{k}={v}" for k, v in chosen.items()),
+                        *(f"{k}={v}" for k, v in point),
+                        f"seed={seed}",
+                    ]
                     try:
-                        cfg = load_config(config := _config_path(block.config), sets)
+                        cfg = load_config(config := config_path(block.config), sets)
                         check_data_name(cfg)
                     except ValueError as err:
                         raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
@@ -133,5 +148,11 @@ def listing(registry: Mapping[str, Experiment] = EXPERIMENTS) -> str:
     lines = []
     for exp in registry.values():
         points = sum(len(b.points()) for b in exp.blocks)
-        lines.append(f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick)  {exp.description}")
+        tuning = ""
+        if exp.tuning is not None:
+            tuned = sum(len(b.points()) for b in exp.blocks if b.needs is None) * len(exp.tuning.points())
+            tuning = f" + {tuned * len(exp.tuning.seeds)} to tune"
+        lines.append(
+            f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick){tuning}  {exp.description}"
+        )
     return "\n".join(lines)

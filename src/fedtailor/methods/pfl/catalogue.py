@@ -4,9 +4,12 @@ without FedLAG, the fixed First/Middle/Last-K and FedLAG's module unit, at Diric
 
 from __future__ import annotations
 
-from fedtailor.fl.experiments import Block, Experiment, register_experiment
+from fedtailor.fl.experiments import Block, Experiment, Tuning, register_experiment
 from fedtailor.fl.registry import fedlag_bases
 
+# every base, with and without FedLAG, its own step size from one grid around the paper's 0.005 (mu and lambda
+# stay at the configs' values), chosen on a validation split of the clients' training records
+FEDLAG_TUNING = Tuning(grid=(("method.lr", ("0.005", "0.01", "0.02", "0.05")),))
 FMNIST_REDUCED = ("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")
 
 
@@ -35,6 +38,7 @@ register_experiment(
         _fedlag_blocks("mnist-dnn"),
         quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
         metrics=("seen/accuracy",),
+        tuning=FEDLAG_TUNING,
     ),
     Experiment(
         "fedlag-fmnist",
@@ -42,6 +46,7 @@ register_experiment(
         _fedlag_blocks("fmnist-fedavgcnn"),
         quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
         metrics=("seen/accuracy",),
+        tuning=FEDLAG_TUNING,
     ),
     Experiment(
         "fedlag-fmnist-reduced",
@@ -68,6 +73,7 @@ register_experiment(
         ),
         quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
         metrics=("seen/accuracy",),
+        tuning=FEDLAG_TUNING,
     ),
     module=__name__,
 )
