@@ -70,7 +70,8 @@ class Experiment:
     ``x_axis``: a numeric axis for ``trend.png`` (each metric against it, one line per other point value), as the
     papers' figures: a grid key's last part (``"coef_dim"``, ``"alpha"``) or ``"block"`` (the number in the block
     name, e.g. eps16 -> 16); ``log_x``: that axis on a log scale; ``tuning``: the experiment's tuning stage
-    (``fedtailor reproduce NAME --tune``), whose choices its runs then use."""
+    (``fedtailor reproduce NAME --tune``), whose choices its runs then use; ``outside_all``: why ``all`` leaves the
+    experiment out (data a user fetches first), empty for one that ``all`` runs."""
 
     name: str
     description: str
@@ -81,6 +82,7 @@ class Experiment:
     x_axis: str | None = None
     log_x: bool = False
     tuning: Tuning | None = None
+    outside_all: str = ""
 
 
 _EXPERIMENTS: dict[str, tuple[str, Experiment]] = {}  # name -> (registering module, experiment)

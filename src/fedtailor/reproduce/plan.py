@@ -55,6 +55,11 @@ def config_path(config: str) -> str:
     return str(beside) if beside.exists() else config
 
 
+def everything(registry: Mapping[str, Experiment]) -> list[str]:
+    """What ``all`` names: every experiment but those that need data a user fetches first (``outside_all``)."""
+    return [name for name, exp in registry.items() if not exp.outside_all]
+
+
 def unit_key(block: str, point: Point) -> str:
     """A point's name in tuning choices: ``block/<point slug>``."""
     return f"{block}/{slug(point)}"
@@ -85,7 +90,7 @@ def plan(
         _once(seeds, "--seeds", "seed")
     runs: list[Run] = []
     first: dict[str, Path] = {}  # resolved config (less name and out_dir) -> the run directory planned for it
-    for spec in [n for name in names for n in (registry if name == "all" else [name])]:
+    for spec in [n for name in names for n in (everything(registry) if name == "all" else [name])]:
         name, _, only = spec.partition("/")
         if name not in registry:
             raise ValueError(f"unknown experiment {name!r}; `fedtailor reproduce --list` shows them.")
@@ -154,5 +159,6 @@ def listing(registry: Mapping[str, Experiment] = EXPERIMENTS) -> str:
             tuning = f" + {tuned * len(exp.tuning.seeds)} to tune"
         lines.append(
             f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick){tuning}  {exp.description}"
+            + (f" (not in 'all': {exp.outside_all})" if exp.outside_all else "")
         )
     return "\n".join(lines)

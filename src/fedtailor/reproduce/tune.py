@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedtailor.config import load_config
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
-from fedtailor.reproduce.plan import Run, config_path, unit_key
+from fedtailor.reproduce.plan import Run, config_path, everything, unit_key
 from fedtailor.rundir import point_dir, read_results, slug
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def plan_tuning(
     from fedtailor.experiment import check_data_name
 
     runs: list[Run] = []
-    for spec in [n for name in names for n in (registry if name == "all" else [name])]:
+    for spec in [n for name in names for n in (everything(registry) if name == "all" else [name])]:
         name, _, only = spec.partition("/")
         exp = registry[name]
         if exp.tuning is None:
