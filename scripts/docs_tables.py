@@ -257,7 +257,9 @@ def layer_allocation_validation(root: Path) -> str:
         mean = statistics.mean(values)
         top = mean == best
         diffs = [by_seed[s] - ref[s] for s in seeds]
-        paired = "" if by_seed is ref else ", ".join(f"{d:+.2f}" for d in diffs) + f" (mean {statistics.mean(diffs):+.2f})"
+        paired = (
+            "" if by_seed is ref else ", ".join(f"{d:+.2f}" for d in diffs) + f" (mean {statistics.mean(diffs):+.2f})"
+        )
         body.append(
             [
                 "blocked DCT" if p == "blocked-dct" else p,
@@ -388,7 +390,9 @@ def pfeddpo_ablations(root: Path) -> str:
 
 # ---------------------------------------------------------------------------------------------------- benchmarks
 
-ROUND_BENCH = "python benchmarks/bench_compact_round.py --threads 2 --repeat 5 --transforms layer-kronecker,kronecker,blocked-dct"
+ROUND_BENCH = (
+    "python benchmarks/bench_compact_round.py --threads 2 --repeat 5 --transforms layer-kronecker,kronecker,blocked-dct"
+)
 
 
 def bench_compact_round(root: Path) -> str:
