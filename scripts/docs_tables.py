@@ -111,6 +111,15 @@ def pm(mean: float, std: float) -> str:
     return f"{mean:.2f} +- {std:.2f}"
 
 
+def signed(value: float) -> str:
+    """``+0.79``, ``-1.03``, and ``0.00`` for what rounds to zero."""
+    return "0.00" if abs(value) < 0.005 else f"{value:+.2f}"
+
+
+def paired_differences(diffs: list[float]) -> str:
+    return ", ".join(signed(d) for d in diffs) + f" (mean {signed(statistics.mean(diffs))})"
+
+
 def bold(text: str, on: bool) -> str:
     return f"**{text}**" if on else text
 
@@ -257,16 +266,14 @@ def layer_allocation_validation(root: Path) -> str:
         mean = statistics.mean(values)
         top = mean == best
         diffs = [by_seed[s] - ref[s] for s in seeds]
-        paired = (
-            "" if by_seed is ref else ", ".join(f"{d:+.2f}" for d in diffs) + f" (mean {statistics.mean(diffs):+.2f})"
-        )
+        paired = "" if by_seed is ref else paired_differences(diffs)
         body.append(
             [
                 "blocked DCT" if p == "blocked-dct" else p,
                 bold(allocation, top and bool(allocation)),
                 *(f"{v:.2f}" for v in values),
                 bold(pm(mean, statistics.stdev(values)), top),
-                paired.replace("+0.00", "0.00").replace("-0.00", "0.00"),
+                paired,
             ]
         )
     header = ["P", "allocation", *(f"seed {s}" for s in seeds), "mean +- std", "paired difference vs blocked DCT"]
@@ -289,7 +296,7 @@ def layer_allocation_test(root: Path) -> str:
         if by_seed is not ref:
             for i in (0, 1):
                 diffs = [by_seed[s][i] - ref[s][i] for s in seeds]
-                paired.append(", ".join(f"{d:+.2f}" for d in diffs) + f" (mean {statistics.mean(diffs):+.2f})")
+                paired.append(paired_differences(diffs))
         body.append(
             [
                 name,
