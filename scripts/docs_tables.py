@@ -1,0 +1,512 @@
+"""The tables and quoted numbers of the docs, regenerated from the committed result files.
+
+    python scripts/docs_tables.py            # rewrite every generated region in place
+    python scripts/docs_tables.py --check    # exit 1, naming file and region, where a doc differs from its sources
+
+A generated region of a Markdown file is
+
+    <!-- generated: KEY -->
+    ...
+    <!-- end generated -->
+
+and everything between the two marker lines is what the renderer ``KEY`` of :data:`RENDERERS` gives. Each renderer
+reads its sources under ``docs/results/`` (``table.csv`` and ``summary.md`` as ``fedtailor reproduce`` and the
+report scripts wrote them, per-seed ``*.csv``) or ``benchmarks/RESULTS.md``, and checks them against each other
+where two hold the same number (per-seed values against the mean +- std of ``table.csv``); a disagreement is an
+error naming both files. Text outside the regions is never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "docs/RESULTS.md", "docs/compact.md", "docs/pfeddpo.md", "docs/fedlag.md", "docs/codecs.md")
+START = re.compile(r"^<!-- generated: (?P<key>[\w./=-]+) -->$")
+END = "<!-- end generated -->"
+RESULTS_DIR = "docs/results"
+# a per-seed value is rounded to 0.01, so its mean and std may differ from table.csv's by about that much
+SEED_TOLERANCE = 0.01
+
+
+class SourceError(ValueError):
+    """The sources of a region are missing or disagree with each other."""
+
+
+class RegionError(ValueError):
+    """A doc's markers are malformed or name no renderer."""
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+
+
+def read_csv(root: Path, rel: str) -> list[dict[str, str]]:
+    path = root / rel
+    if not path.is_file():
+        raise SourceError(f"{rel}: missing")
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def points(root: Path, experiment: str) -> dict[str, dict[str, str]]:
+    """The rows of ``docs/results/EXPERIMENT/table.csv`` by ``block/point``."""
+    rows = read_csv(root, f"{RESULTS_DIR}/{experiment}/table.csv")
+    return {f"{r['block']}/{r['point']}": r for r in rows}
+
+
+def mean_std(row: dict[str, str], metric: str) -> tuple[float, float]:
+    return float(row[f"{metric} (mean)"]), float(row[f"{metric} (std)"])
+
+
+def md_tables(root: Path, rel: str) -> list[list[list[str]]]:
+    """Every Markdown table of a file as rows of cells (the header row first, the separator row dropped)."""
+    path = root / rel
+    if not path.is_file():
+        raise SourceError(f"{rel}: missing")
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in [*path.read_text().splitlines(), ""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):
+                current.append(cells)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def md_section(root: Path, rel: str, heading: str) -> str:
+    """The text under ``heading`` of a Markdown file, up to the next heading, without surrounding blank lines."""
+    path = root / rel
+    if not path.is_file():
+        raise SourceError(f"{rel}: missing")
+    lines = path.read_text().splitlines()
+    if heading not in lines:
+        raise SourceError(f"{rel}: no heading {heading!r}")
+    body: list[str] = []
+    for line in lines[lines.index(heading) + 1 :]:
+        if line.startswith("#"):
+            break
+        body.append(line)
+    return "\n".join(body).strip()
+
+
+# ---------------------------------------------------------------------------------------------------- format
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def pm(mean: float, std: float) -> str:
+    return f"{mean:.2f} +- {std:.2f}"
+
+
+def signed(value: float) -> str:
+    """``+0.79``, ``-1.03``, and ``0.00`` for what rounds to zero."""
+    return "0.00" if abs(value) < 0.005 else f"{value:+.2f}"
+
+
+def paired_differences(diffs: list[float]) -> str:
+    return ", ".join(signed(d) for d in diffs) + f" (mean {signed(statistics.mean(diffs))})"
+
+
+def bold(text: str, on: bool) -> str:
+    return f"**{text}**" if on else text
+
+
+# ---------------------------------------------------------------------------------------------------- compact
+
+COMPACT_VARIANTS = {
+    "global": "Global (one model, no personalization)",
+    "full-dg": "Full-DG (generator in the full parameter space)",
+    "deeplin-dg": "DeepLin-DG (`a = W V c~`)",
+    "ours-dg": "Ours-DG",
+    "ours-lrsuq": "Ours-LRSUQ",
+    "dg-q12": "DG+Q12",
+}
+SHORT_NAMES = {**COMPACT_VARIANTS, "global": "Global", "full-dg": "Full-DG", "deeplin-dg": "DeepLin-DG"}
+CONTROLS = {
+    "eps16/variant=direct": "Direct (the coefficient vector itself is trained)",
+    "eps16/variant=deeplin": "DeepLin (`a = W V u0`)",
+    "eps16/variant=factorized": "Factorized (`a = W h_psi(u0)`)",
+    "eps16/variant=radial": "Radial (only the gain of the initial hidden direction trains)",
+    "eps16-replay/variant=replay": "Replay (Direct with Factorized's per-round gain)",
+    "eps16/variant=factorized-ctx": "Factorized+ctx (the private context restored; = Ours-DG)",
+}
+SEEN, FUTURE = "seen/accuracy", "future/accuracy"
+
+
+def seed_values(root: Path, experiment: str) -> dict[str, dict[int, dict[str, str]]]:
+    """``docs/results/EXPERIMENT/seeds.csv`` by variant and seed, each variant's values checked against the
+    mean +- std of the experiment's ``table.csv``."""
+    rel = f"{RESULTS_DIR}/{experiment}/seeds.csv"
+    table_rows = points(root, experiment)
+    out: dict[str, dict[int, dict[str, str]]] = {}
+    for r in read_csv(root, rel):
+        out.setdefault(r["variant"], {})[int(r["seed"])] = r
+    for variant, by_seed in out.items():
+        row = next((v for k, v in table_rows.items() if k.endswith(f"/variant={variant}")), None)
+        if row is None:
+            raise SourceError(f"{rel}: variant {variant} is not in table.csv")
+        for metric, column in ((SEEN, "seen_accuracy"), (FUTURE, "future_accuracy")):
+            values = [float(s[column]) for s in by_seed.values() if s[column]]
+            if not values:
+                continue
+            mean, std = mean_std(row, metric)
+            got = (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+            if len(values) != int(row["seeds"]) or max(abs(got[0] - mean), abs(got[1] - std)) > SEED_TOLERANCE:
+                raise SourceError(
+                    f"{rel}: {variant} {column} gives {pm(*got)} over {len(values)} seeds, "
+                    f"table.csv {pm(mean, std)} over {row['seeds']}"
+                )
+    return out
+
+
+def uplink(root: Path) -> dict[str, dict[str, str]]:
+    """Bits per coefficient and protected uplink of each Table 1 variant (``uplink.csv``), the rows that the
+    communication table also measured checked against it."""
+    rel = f"{RESULTS_DIR}/compact-table1-mnist/uplink.csv"
+    rows = {r["variant"]: r for r in read_csv(root, rel)}
+    comm = points(root, "compact-comm-mnist")
+    for key, r in comm.items():
+        variant = key.split("variant=")[1]
+        mine = rows.get(variant)
+        bits = float(r["bits_per_coefficient_mean (mean)"])
+        mb = float(r["uplink_payload_MB (mean)"])
+        if mine is None or abs(float(mine["bits_per_coefficient"]) - bits) > 1e-3:
+            raise SourceError(f"{rel}: {variant} bits differ from compact-comm-mnist/table.csv ({bits:.4f})")
+        if abs(float(mine["uplink_payload_MB"]) - mb) > 5e-3:
+            raise SourceError(f"{rel}: {variant} MB differ from compact-comm-mnist/table.csv ({mb:.3f})")
+    return rows
+
+
+def compact_table1(root: Path) -> str:
+    rows = points(root, "compact-table1-mnist")
+    comm = uplink(root)
+    best = max(mean_std(r, FUTURE)[0] for r in rows.values())
+    body = []
+    for variant, name in COMPACT_VARIANTS.items():
+        r = rows[f"eps16/variant={variant}"]
+        future = mean_std(r, FUTURE)
+        bits, mb = comm[variant]["bits_per_coefficient"], float(comm[variant]["uplink_payload_MB"])
+        # a plain "32" is the nominal FP32 rate; a measured one is shown to 0.01 (0.001 below one bit)
+        shown_bits = bits if "." not in bits else f"{float(bits):.3f}" if float(bits) < 1 else f"{float(bits):.2f}"
+        body.append([name, pm(*mean_std(r, SEEN)), bold(pm(*future), future[0] == best), shown_bits, f"{mb:.2f}"])
+    return table(["variant", "Seen", "Future", "bits per coef.", "protected uplink (MB)"], body)
+
+
+def compact_table1_seeds(root: Path) -> str:
+    seeds = seed_values(root, "compact-table1-mnist")
+    parts = []
+    for variant in ("ours-dg", "full-dg", "deeplin-dg", "ours-lrsuq"):
+        by_seed = seeds[variant]
+        values = ", ".join(f"{by_seed[s]['seen_accuracy']} / {by_seed[s]['future_accuracy']}" for s in sorted(by_seed))
+        parts.append(f"{SHORT_NAMES[variant]} {values}")
+    first, last = min(seeds["ours-dg"]), max(seeds["ours-dg"])
+    return f"Per seed ({first}-{last}, Seen / Future; `seeds.csv`): " + "; ".join(parts) + "."
+
+
+def compact_table1_summary(root: Path) -> str:
+    rows = points(root, "compact-table1-mnist")
+    parts = []
+    for variant in COMPACT_VARIANTS:
+        r = rows[f"eps16/variant={variant}"]
+        parts.append(f"{SHORT_NAMES[variant]} {mean_std(r, SEEN)[0]:.2f} / {mean_std(r, FUTURE)[0]:.2f}")
+    return ", ".join(parts) + " (Seen / Future, mean over seeds 41-43)."
+
+
+def compact_controls(root: Path) -> str:
+    rows = points(root, "compact-controls-mnist")
+    body = [[name, pm(*mean_std(rows[key], SEEN)), pm(*mean_std(rows[key], FUTURE))] for key, name in CONTROLS.items()]
+    return table(["control", "Seen", "Future"], body)
+
+
+def compact_comm(root: Path) -> str:
+    rows = points(root, "compact-comm-mnist")
+    names = {"ours-dg": "DG FP32", "dg-q12": "DG+Q12", "ours-lrsuq": "LRSUQ"}
+    body = []
+    for key, r in rows.items():
+        variant = key.split("variant=")[1]
+        body.append(
+            [
+                names[variant],
+                f"{float(r['bits_per_coefficient_mean (mean)']):.3f}",
+                f"{float(r['uplink_payload_MB (mean)']):.2f}",
+                f"{float(r['encode_ms_mean (mean)']):.2f}",
+                f"{mean_std(r, SEEN)[0]:.2f} / {mean_std(r, FUTURE)[0]:.2f}",
+            ]
+        )
+    header = ["codec (variant)", "bits per coef.", "protected uplink (MB)", "encode ms per release (mean)"]
+    return table([*header, "Seen / Future (seed 41)"], body)
+
+
+def layer_allocation_validation(root: Path) -> str:
+    rel = f"{RESULTS_DIR}/compact-layer-allocation/validation.csv"
+    groups: dict[tuple[str, str], dict[int, float]] = {}
+    for r in read_csv(root, rel):
+        groups.setdefault((r["P"], r["allocation"]), {})[int(r["seed"])] = float(r["validation_accuracy"])
+    ref = groups[("blocked-dct", "")]
+    seeds = sorted(ref)
+    best = max(statistics.mean(v.values()) for v in groups.values())
+    body = []
+    for (p, allocation), by_seed in groups.items():
+        if sorted(by_seed) != seeds:
+            raise SourceError(f"{rel}: {p} {allocation} has seeds {sorted(by_seed)}, the reference {seeds}")
+        values = [by_seed[s] for s in seeds]
+        mean = statistics.mean(values)
+        top = mean == best
+        diffs = [by_seed[s] - ref[s] for s in seeds]
+        paired = "" if by_seed is ref else paired_differences(diffs)
+        body.append(
+            [
+                "blocked DCT" if p == "blocked-dct" else p,
+                bold(allocation, top and bool(allocation)),
+                *(f"{v:.2f}" for v in values),
+                bold(pm(mean, statistics.stdev(values)), top),
+                paired,
+            ]
+        )
+    header = ["P", "allocation", *(f"seed {s}" for s in seeds), "mean +- std", "paired difference vs blocked DCT"]
+    return table(header, body)
+
+
+def layer_allocation_test(root: Path) -> str:
+    rel = f"{RESULTS_DIR}/compact-layer-allocation/test.csv"
+    groups: dict[str, dict[int, tuple[float, float]]] = {}
+    for r in read_csv(root, rel):
+        name = "blocked DCT" if r["P"] == "blocked-dct" else f"{r['P']}, {r['allocation']}"
+        groups.setdefault(name, {})[int(r["seed"])] = (float(r["seen_accuracy"]), float(r["future_accuracy"]))
+    ref = groups["blocked DCT"]
+    body = []
+    for name, by_seed in groups.items():
+        seeds = sorted(by_seed)
+        cols = [[by_seed[s][i] for s in seeds] for i in (0, 1)]
+        per_seed = "; ".join(f"{s}: {by_seed[s][0]:.2f} / {by_seed[s][1]:.2f}" for s in seeds)
+        paired = []
+        if by_seed is not ref:
+            for i in (0, 1):
+                diffs = [by_seed[s][i] - ref[s][i] for s in seeds]
+                paired.append(paired_differences(diffs))
+        body.append(
+            [
+                name,
+                *(pm(statistics.mean(c), statistics.stdev(c)) + "%" for c in cols),
+                per_seed,
+                "; ".join(paired),
+            ]
+        )
+    header = ["P", "Seen acc.", "Future acc.", "per seed (Seen / Future)"]
+    return table([*header, "paired difference vs blocked DCT (Seen; Future)"], body)
+
+
+# ---------------------------------------------------------------------------------------------------- FedLAG
+
+
+def fedlag_section(experiment: str, tag: str) -> Callable[[Path], str]:
+    """The tables ``scripts/fedlag_report.py`` wrote for one alpha, their means checked against ``table.csv``."""
+
+    def render(root: Path) -> str:
+        rel = f"{RESULTS_DIR}/{experiment}/fedlag.md"
+        text = md_section(root, rel, f"### {experiment} {tag}")
+        rows = points(root, experiment)
+        for base, without, with_ in re.findall(r"^\| (\w+) \| ([\d.]+) \+- [\d.]+ \| ([\d.]+) \+-", text, re.M):
+            for top_k, value in (("0", without), ("2", with_)):
+                row = rows.get(f"main-{tag}/name={base}_top_k={top_k}")
+                if row is None or f"{mean_std(row, SEEN)[0]:.2f}" != value:
+                    raise SourceError(f"{rel}: {tag} {base} top_k={top_k} {value} is not in table.csv")
+        return text
+
+    return render
+
+
+def fedlag_adversary(root: Path) -> str:
+    rows = read_csv(root, f"{RESULTS_DIR}/fedlag-adversary/adversary.csv")
+    header = [h for h in rows[0] if h not in ("clients", "warmup", "run s")]
+    return table(header, [[r[h] for h in header] for r in rows])
+
+
+# ---------------------------------------------------------------------------------------------------- pFedDPO
+
+DPO_NAMES = {"pfeddpo": "pFedDPO", "feddpo": "vanilla FedDPO", "dpo-central": "centralized DPO"}
+
+
+def dpo_summary(root: Path, experiment: str) -> list[dict[str, str]]:
+    """The per-run table of ``summary.md`` (``scripts/dpo_report.py``), its accuracies checked against
+    ``table.csv``."""
+    rel = f"{RESULTS_DIR}/{experiment}/summary.md"
+    header, *rows = md_tables(root, rel)[0]
+    out = [dict(zip(header, r, strict=True)) for r in rows]
+    csv_rows = list(points(root, experiment).values())
+    if len(csv_rows) != len(out):
+        raise SourceError(f"{rel}: {len(out)} runs, table.csv {len(csv_rows)}")
+    for mine, r in zip(out, csv_rows, strict=True):
+        for column, metric in (("held-out reward acc.", SEEN), ("training reward acc.", "seen/train_accuracy")):
+            if abs(float(mine[column]) - mean_std(r, metric)[0] / 100) > 5e-4:
+                raise SourceError(f"{rel}: {mine['method']} {column} differs from table.csv ({r['point']})")
+    return out
+
+
+def grad_norm(text: str) -> str:
+    return f"{float(text):.2f}" if float(text) < 10 else f"{float(text):.1f}"
+
+
+def pfeddpo_hh(root: Path) -> str:
+    rows = dpo_summary(root, "pfeddpo-hh")
+    best = max(float(r["held-out reward acc."]) for r in rows)
+    body = [
+        [
+            DPO_NAMES[r["method"]],
+            r["training reward acc."],
+            bold(r["held-out reward acc."], float(r["held-out reward acc."]) == best),
+            grad_norm(r["base-grad norm, second half"]),
+            r["DPO loss, second half"],
+        ]
+        for r in rows
+    ]
+    header = ["round 80", "training reward acc.", "held-out reward acc.", "base-grad norm, rounds 41-80 (mean)"]
+    return table([*header, "DPO loss, rounds 41-80 (mean)"], body)
+
+
+def pfeddpo_ablations(root: Path) -> str:
+    body = []
+    for experiment, label in (("pfeddpo-rank", "rank {}"), ("pfeddpo-participation", "S = {}")):
+        for r in dpo_summary(root, experiment):
+            value = r["method"].split("=")[1]
+            body.append(
+                [
+                    label.format(value),
+                    r["training reward acc."],
+                    r["held-out reward acc."],
+                    grad_norm(r["base-grad norm, second half"]),
+                    r["DPO loss, second half"],
+                ]
+            )
+    header = ["point", "training reward acc.", "held-out reward acc.", "base-grad norm, rounds 6-10 (mean)"]
+    return table([*header, "DPO loss, rounds 6-10 (mean)"], body)
+
+
+# ---------------------------------------------------------------------------------------------------- benchmarks
+
+ROUND_BENCH = (
+    "python benchmarks/bench_compact_round.py --threads 2 --repeat 5 --transforms layer-kronecker,kronecker,blocked-dct"
+)
+
+
+def bench_compact_round(root: Path) -> str:
+    """The latest ``benchmarks/RESULTS.md`` section of the round benchmark over all three P."""
+    rel = "benchmarks/RESULTS.md"
+    sections = (root / rel).read_text().split("\n## ")
+    found = [s for s in sections if f"- command: `{ROUND_BENCH}`" in s]
+    if not found:
+        raise SourceError(f"{rel}: no section with the command {ROUND_BENCH}")
+    section = found[-1]
+    date = re.search(r"^- date: (.+)$", section, re.M)
+    found_rows = re.findall(r"^\| fedtailor, P = ([\w-]+) \| ([\d.]+) \| ([\d.]+) \|", section, re.M)
+    seconds = {p: float(s) for p, s, _ in found_rows}
+    naive = {p: float(r) for p, _, r in found_rows}
+    share = re.search(r"Profile with P = layer-kronecker.*?per_record_grads: [\d.]+ \((\d+)%\)", section, re.S)
+    if date is None or share is None or set(seconds) != {"layer-kronecker", "kronecker", "blocked-dct"}:
+        raise SourceError(f"{rel}: the section of {ROUND_BENCH} lacks its date, times or profile")
+    default = seconds["layer-kronecker"]
+    return (
+        f"Time (`{ROUND_BENCH}`, `benchmarks/RESULTS.md`, {date.group(1)}; the machine is shared, so times vary "
+        f"between runs): a private round takes {default:.2f} s with the default layer-wise P, "
+        f"{seconds['kronecker']:.2f} s with the Kronecker P and {seconds['blocked-dct']:.2f} s with the blocked DCT "
+        f"of the tables above ({seconds['kronecker'] / default:.1f}x and {seconds['blocked-dct'] / default:.1f}x the "
+        f"default); the default is {naive['layer-kronecker']:.0f}x faster than a naive path (per-record Python loop "
+        f"+ dense projection); with the default P the per-record coefficient gradients are {share.group(1)}% of a "
+        "round."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- regions
+
+RENDERERS: dict[str, Callable[[Path], str]] = {
+    "compact-table1": compact_table1,
+    "compact-table1-seeds": compact_table1_seeds,
+    "compact-table1-summary": compact_table1_summary,
+    "compact-controls": compact_controls,
+    "compact-comm": compact_comm,
+    "compact-layer-allocation-validation": layer_allocation_validation,
+    "compact-layer-allocation-test": layer_allocation_test,
+    "fedlag-mnist/alpha01": fedlag_section("fedlag-mnist", "alpha01"),
+    "fedlag-mnist/alpha10": fedlag_section("fedlag-mnist", "alpha10"),
+    "fedlag-fmnist-reduced/alpha01": fedlag_section("fedlag-fmnist-reduced", "alpha01"),
+    "fedlag-fmnist-reduced/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10"),
+    "fedlag-adversary": fedlag_adversary,
+    "pfeddpo-hh": pfeddpo_hh,
+    "pfeddpo-ablations": pfeddpo_ablations,
+    "bench-compact-round": bench_compact_round,
+}
+
+
+def regions(text: str, name: str) -> list[tuple[str, int, int]]:
+    """(key, first line, end-marker line) of every region, lines 0-based; malformed markers raise."""
+    lines = text.split("\n")
+    out: list[tuple[str, int, int]] = []
+    open_at: tuple[str, int] | None = None
+    for i, line in enumerate(lines):
+        start = START.match(line)
+        if start:
+            if open_at:
+                raise RegionError(f"{name}:{i + 1}: region {start['key']} opens inside {open_at[0]}")
+            if start["key"] not in RENDERERS:
+                raise RegionError(f"{name}:{i + 1}: no renderer {start['key']!r} (known: {', '.join(RENDERERS)})")
+            open_at = (start["key"], i + 1)
+        elif line == END:
+            if open_at is None:
+                raise RegionError(f"{name}:{i + 1}: an end marker without a region")
+            out.append((open_at[0], open_at[1], i))
+            open_at = None
+    if open_at:
+        raise RegionError(f"{name}: region {open_at[0]} is never closed")
+    return out
+
+
+def sync(doc: Path, root: Path = ROOT, *, write: bool) -> list[str]:
+    """The keys of the regions of ``doc`` that differ from their sources (rewritten when ``write``)."""
+    text = doc.read_text()
+    lines = text.split("\n")
+    stale: list[str] = []
+    for key, first, end in reversed(regions(text, str(doc))):
+        want = RENDERERS[key](root).split("\n")
+        if lines[first:end] != want:
+            stale.append(key)
+            lines[first:end] = want
+    if write and stale:
+        doc.write_text("\n".join(lines))
+    return stale[::-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a region is stale")
+    parser.add_argument("docs", nargs="*", type=Path, help=f"Markdown files (default: {', '.join(DOCS)})")
+    args = parser.parse_args(argv)
+    docs = args.docs or [ROOT / d for d in DOCS]
+    failed = False
+    for doc in docs:
+        try:
+            stale = sync(doc, ROOT, write=not args.check)
+        except (SourceError, RegionError) as e:
+            print(f"{doc}: {e}", file=sys.stderr)
+            failed = True
+            continue
+        for key in stale:
+            print(f"{doc}: region {key} {'differs from its sources' if args.check else 'rewritten'}")
+        failed |= args.check and bool(stale)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

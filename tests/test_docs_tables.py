@@ -1,0 +1,98 @@
+"""The docs' generated regions equal what ``scripts/docs_tables.py`` renders from the committed result files, and
+the checker catches a tampered number, a tampered source and malformed markers (pure file reading)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "scripts/docs_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+docs_tables = _load()
+
+
+@pytest.mark.parametrize("doc", docs_tables.DOCS)
+def test_every_generated_region_matches_its_sources(doc: str) -> None:
+    assert docs_tables.sync(ROOT / doc, ROOT, write=False) == [], f"run: python scripts/docs_tables.py ({doc})"
+
+
+def test_the_main_tables_are_generated() -> None:
+    keys = {key for doc in docs_tables.DOCS for key, _, _ in docs_tables.regions((ROOT / doc).read_text(), doc)}
+    assert keys == set(docs_tables.RENDERERS)  # every renderer is used somewhere
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    """The committed sources and the docs, copied so that either can be tampered with."""
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", root / "docs", ignore=shutil.ignore_patterns("*.png", "*.html"))
+    (root / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks/RESULTS.md", root / "benchmarks/RESULTS.md")
+    shutil.copy(ROOT / "README.md", root / "README.md")
+    return root
+
+
+def test_a_tampered_number_in_a_doc_is_caught_and_rewritten(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    doc = root / "docs/RESULTS.md"
+    text = doc.read_text()
+    assert "| Ours-DG | 88.23 +- 0.87 | 81.40 +- 3.98 |" in text
+    doc.write_text(
+        text.replace("| Ours-DG | 88.23 +- 0.87 | 81.40 +- 3.98 |", "| Ours-DG | 88.23 +- 0.87 | 81.41 +- 3.98 |")
+    )
+    assert docs_tables.sync(doc, root, write=False) == ["compact-table1"]
+    assert docs_tables.sync(doc, root, write=True) == ["compact-table1"]
+    assert doc.read_text() == text  # the rewrite restores the source's number and nothing else
+
+
+def test_a_tampered_source_makes_the_doc_stale(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    csv_path = root / "docs/results/compact-controls-mnist/table.csv"
+    csv_path.write_text(csv_path.read_text().replace("90.10714285714286", "90.2"))
+    assert docs_tables.sync(root / "docs/RESULTS.md", root, write=False) == ["compact-controls"]
+
+
+def test_per_seed_values_must_agree_with_the_table(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    seeds = root / "docs/results/compact-table1-mnist/seeds.csv"
+    seeds.write_text(seeds.read_text().replace("ours-dg,42,87.24", "ours-dg,42,87.54"))
+    with pytest.raises(docs_tables.SourceError, match="seeds.csv: ours-dg seen_accuracy"):
+        docs_tables.sync(root / "docs/RESULTS.md", root, write=False)
+
+
+def test_malformed_markers_are_errors(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- generated: no-such-table -->\n<!-- end generated -->\n")
+    with pytest.raises(docs_tables.RegionError, match="no renderer 'no-such-table'"):
+        docs_tables.sync(doc, ROOT, write=False)
+    doc.write_text("<!-- generated: compact-controls -->\n| x |\n")
+    with pytest.raises(docs_tables.RegionError, match="never closed"):
+        docs_tables.sync(doc, ROOT, write=False)
+
+
+def test_check_mode_names_file_and_region_and_exits_1(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- generated: pfeddpo-hh -->\n| stale |\n<!-- end generated -->\nafter\n")
+    script = str(ROOT / "scripts/docs_tables.py")
+    check = subprocess.run([sys.executable, script, "--check", str(doc)], capture_output=True, text=True)
+    assert check.returncode == 1
+    assert f"{doc}: region pfeddpo-hh differs from its sources" in check.stdout
+    assert "| stale |" in doc.read_text()  # --check writes nothing
+    subprocess.run([sys.executable, script, str(doc)], check=True, capture_output=True)
+    assert "| pFedDPO | 1.000 | **0.620** |" in doc.read_text()
+    assert doc.read_text().startswith("before\n") and doc.read_text().endswith("after\n")
+    assert subprocess.run([sys.executable, script, "--check", str(doc)], capture_output=True).returncode == 0
