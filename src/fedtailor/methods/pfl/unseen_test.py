@@ -49,7 +49,7 @@ def _unseen(setup) -> list[int]:
 @pytest.mark.parametrize("lag", [False, True], ids=["base", "fedlag"])
 @pytest.mark.parametrize("name", fedlag_bases())  # every registered base
 def test_unseen_clients_are_evaluated_as_is_and_fine_tuned_and_never_scheduled(name, lag):
-    setup, method, result = _run(name, *(LAG if lag else ()))
+    setup, _, result = _run(name, *(LAG if lag else ()))
     unseen = _unseen(setup)
     assert len(unseen) == 2
     assert not set(unseen) & set(np.unique(setup.schedule).tolist())  # never trained
@@ -72,9 +72,13 @@ def test_as_is_is_the_global_model_and_zero_epochs_fine_tune_nothing(name):
     (Ditto's and APFL's personal model start there); with 0 epochs the fine-tuned metrics equal the as-is ones."""
     setup, method, result = _run(name, "method.unseen_finetune_epochs=0")
     params = result.state.server.params
+
+    def logits(xb: torch.Tensor) -> torch.Tensor:
+        return functional_call(method.model, params, (xb,))
+
     for c in _unseen(setup):
         x, y = setup.clients[c].eval
-        acc, loss = accuracy_and_loss_of(lambda xb: functional_call(method.model, params, (xb,)), x, y)
+        acc, loss = accuracy_and_loss_of(logits, x, y)
         m = result.evaluation[c]
         assert (m["accuracy"], m["loss"]) == (acc, loss)
         assert (m["finetuned_accuracy"], m["finetuned_loss"]) == (m["accuracy"], m["loss"])
@@ -103,7 +107,7 @@ def test_fedavg_fine_tuning_is_k_epochs_of_sgd_from_the_global_model_with_the_ke
             lr=0.1,
             generator=torch_generator(5, "batches", rnd, c, "unseen"),
         )
-        acc, val = accuracy_and_loss_of(lambda xb: functional_call(method.model, tuned, (xb,)), *data.eval)
+        acc, val = accuracy_and_loss_of(lambda xb, p=tuned: functional_call(method.model, p, (xb,)), *data.eval)
         m = result.evaluation[c]
         assert (m["finetuned_accuracy"], m["finetuned_loss"]) == (acc, val)
         changed |= m["finetuned_loss"] != m["loss"]
@@ -129,9 +133,10 @@ def test_an_evaluation_with_fine_tuning_leaves_the_server_and_the_clients_unchan
 def test_fine_tuning_is_reproducible_and_changes_the_unseen_metrics():
     a = _run("fedper")[2]
     b = _run("fedper")[2]
-    assert a.evaluation == b.evaluation and a.history[0]["future/finetuned_accuracy"] == b.history[0][
-        "future/finetuned_accuracy"
-    ]
+    assert (
+        a.evaluation == b.evaluation
+        and a.history[0]["future/finetuned_accuracy"] == b.history[0]["future/finetuned_accuracy"]
+    )
     assert any(m.get("finetuned_loss", m["loss"]) != m["loss"] for m in a.evaluation.values())
 
 
