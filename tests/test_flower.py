@@ -277,7 +277,12 @@ FLOWER_PATHS = {
 # unseen clients, evaluated as they are and after fine-tuning on their own records (docs/pfl.md)
 UNSEEN = [*IMAGE, "data.num_unseen=1", "data.context_size=20", "federation.clients_per_round=3"]
 FLOWER_PATHS["fedrep (unseen clients)"] = [*UNSEEN, 'method.name="fedrep"']
-FLOWER_PATHS["ditto under FedLAG (unseen clients)"] = [*UNSEEN, 'method.name="ditto"', *FLOWER_PATHS["ditto"][len(IMAGE) + 1 :]]
+FLOWER_PATHS["ditto under FedLAG (unseen clients)"] = [
+    *UNSEEN,
+    'method.name="ditto"',
+    "method.fedlag.top_k=1",
+    "method.fedlag.warmup=1",
+]
 # need the language model: covered by their own tests and test_flower_dpo
 LM = tuple(s.name for s in methods() if s.data == "preferences")
 

@@ -19,7 +19,13 @@ Round ``t``, client ``i``:
    for ``n`` in ``S`` (FedAvg's weighted mean; a client's weight never exceeds its partition size).
 
 Evaluation: every client's own personalized model (received ``S`` plus its personal rest, or the method's own
-predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. All local
+predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. A client that
+never trains (unseen, "Future": never scheduled, no state) receives every global value the server holds (``S``
+and ``L``; ``O`` is theta_0) and reports ``accuracy``/``loss`` of that model through the method's predictor, its
+personal state started at its global counterpart where it has one (:meth:`LocalTraining.unseen_extra`), and
+``finetuned_accuracy``/``finetuned_loss`` after ``unseen_finetune_epochs`` of the method's own local objective
+on its labelled context (:meth:`LocalTraining.finetune`, key ``(seed, "batches", t, i, "unseen")``), then
+drops the fine-tuned model (docs/pfl.md, "Unseen clients"). All local
 training is plain minibatch SGD (:func:`fedtailor.fl.training.functional_sgd`) in an order drawn from the key
 ``(seed, "batches", t, i)``; the clients of a round run it together (:mod:`fedtailor.fl.batched`: a hand-written
 backward over all clients at once; ``torch.func.vmap`` for models and objectives it does not cover).
