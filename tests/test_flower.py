@@ -274,6 +274,15 @@ FLOWER_PATHS = {
         'method.variant="ours-lrsuq"',
     ],
 }
+# unseen clients, evaluated as they are and after fine-tuning on their own records (docs/pfl.md)
+UNSEEN = [*IMAGE, "data.num_unseen=1", "data.context_size=20", "federation.clients_per_round=3"]
+FLOWER_PATHS["fedrep (unseen clients)"] = [*UNSEEN, 'method.name="fedrep"']
+FLOWER_PATHS["ditto under FedLAG (unseen clients)"] = [
+    *UNSEEN,
+    'method.name="ditto"',
+    "method.fedlag.top_k=1",
+    "method.fedlag.warmup=1",
+]
 # need the language model: covered by their own tests and test_flower_dpo
 LM = tuple(s.name for s in methods() if s.data == "preferences")
 
@@ -298,7 +307,9 @@ def test_the_adapter_logic_ends_where_the_in_process_loop_ends(name):
     assert [h["lost"] for h in history] == [[], []] and all(h["rejected"] == 0 for h in history)
     assert set(evaluation) == set(local.evaluation)
     for cid, m in local.evaluation.items():
-        assert evaluation[cid]["accuracy"] == pytest.approx(m["accuracy"], abs=0.05)
+        assert set(evaluation[cid]) == set(m)  # unseen clients: their fine-tuned metrics too
+        for k in {"accuracy", "finetuned_accuracy"} & set(m):
+            assert evaluation[cid][k] == pytest.approx(m[k], abs=0.05)
     flat = lambda s: torch.cat([t.reshape(-1).float() for t in _tensors(s)])
     torch.testing.assert_close(flat(server), flat(local.state.server), rtol=1e-4, atol=1e-5)
 

@@ -171,6 +171,13 @@ class RunConfig(Section):
                 f"federation.clients_per_round ({self.federation.clients_per_round}) exceeds the number of seen "
                 f"clients ({seen} = data.num_clients - data.num_unseen)."
             )
+        finetune = getattr(self.method, "unseen_finetune_epochs", 0)
+        if finetune and self.data.num_unseen and not self.data.context_size and not self.data.validation:
+            raise ValueError(
+                f"method.unseen_finetune_epochs = {finetune} fine-tunes each unseen client on its labelled context "
+                "records, but data.context_size = 0 leaves it none; set data.context_size > 0 (e.g. 100) or "
+                "method.unseen_finetune_epochs = 0 (evaluate unseen clients with the global model only)."
+            )
         return self
 
 

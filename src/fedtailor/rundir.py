@@ -231,7 +231,8 @@ def write_results(run_dir: Path, results: Results) -> None:
         raise ValueError(f"results lack {', '.join(missing)}")
     write_json(run_dir / RESULTS, results)
     per_client = results["per_client"]
-    fields = list(per_client[0]) if per_client else ["client", "seen", "num_examples"]
+    # every client's fields in order of appearance (unseen clients report fine-tuned metrics too)
+    fields = list(dict.fromkeys(k for row in per_client for k in row)) or ["client", "seen", "num_examples"]
     with (run_dir / CLIENTS).open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()

@@ -44,7 +44,9 @@ class ImageSetup:
 
 def client_data(dataset: ImageDataset, partition: FederatedPartition, device: torch.device) -> dict[int, ClientData]:
     """Each client's records as tensors on ``device``: train (x, y), eval (x, y) (None when the client has no
-    evaluation records: it is then not evaluated) and the context inputs."""
+    evaluation records: it is then not evaluated) and the context inputs. An unseen client's train is its
+    context with labels: it is never scheduled, and the parameter-sharing methods fine-tune on it when they
+    evaluate it (docs/pfl.md, "Unseen clients")."""
 
     def take(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         i = np.asarray(idx, dtype=np.int64)  # fancy indexing copies, so the cached arrays stay read-only
@@ -54,7 +56,7 @@ def client_data(dataset: ImageDataset, partition: FederatedPartition, device: to
         c.client_id: ClientData(
             cid=c.client_id,
             seen=c.seen,
-            train=take(c.train),
+            train=take(c.train if c.seen else c.context),
             eval=take(c.eval) if c.eval.size else None,
             context=take(c.context)[0],
         )

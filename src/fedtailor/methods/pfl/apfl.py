@@ -25,7 +25,7 @@ from pydantic import Field
 
 from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.local import UNSEEN_TAG, ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
 
 ALPHA = "apfl.alpha"  # the mixing weight's key in a client's extra state (never a parameter name)
@@ -56,14 +56,30 @@ class APFL(LocalTraining):
     def local_program(
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
     ) -> tuple[Params, Params, Any]:
+        return self._joint_sgd(theta, extra, data, rnd)
+
+    def _joint_sgd(
+        self, theta: Params, extra: Params, data: ClientData | ClientBatch, rnd: int, **sgd: Any
+    ) -> tuple[Params, Params, Any]:
         keys = {f"{PERSONAL}{n}": n for n in self.names}
         # f_i(w) + f_i(alpha v + (1 - alpha) stopgrad(w)), alpha projected onto [0, 1] after every step
         objective = Objective(mixture=keys, alpha=ALPHA)
         joint = {**theta, **{k: extra[n] for k, n in keys.items()}, ALPHA: extra[ALPHA]}
         trainable = frozenset(joint) if self.adaptive else frozenset(joint) - {ALPHA}
-        joint, value = self.sgd(joint, data, rnd, objective=objective, trainable=trainable)
+        joint, value = self.sgd(joint, data, rnd, objective=objective, trainable=trainable, **sgd)
         new_extra = {**{n: joint[k] for k, n in keys.items()}, ALPHA: joint[ALPHA]}
         return {n: joint[n] for n in self.names}, new_extra, value
+
+    def unseen_extra(self, theta: Params, extra: Params) -> Params:
+        """An unseen client's ``v_i`` starts at the global model, so its mixed model is ``w`` whatever ``alpha``."""
+        return {**{n: theta[n] for n in self.names}, ALPHA: extra[ALPHA]}
+
+    def finetune(
+        self, theta: Params, extra: Params, received: Params, data: ClientData, rnd: int, epochs: int
+    ) -> tuple[Params, Params]:
+        """An unseen client runs the local program (``w``, ``v_i`` and ``alpha_i`` together) for ``epochs``."""
+        theta, extra, _ = self._joint_sgd(theta, extra, data, rnd, epochs=epochs, tag=(UNSEEN_TAG,))
+        return theta, extra
 
     def predict(self, theta: Params, extra: Params, *, data: ClientData, final: bool) -> tuple[Params, Params]:
         """The mixed model of the received global ``w`` and the client's ``v_i``, ``alpha_i``."""

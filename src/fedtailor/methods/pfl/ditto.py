@@ -18,7 +18,7 @@ from pydantic import Field
 
 from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.local import UNSEEN_TAG, ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
 
 
@@ -57,6 +57,20 @@ class Ditto(LocalTraining):
 
     def predict(self, theta: Params, extra: Params, *, data: ClientData, final: bool) -> tuple[Params, Params]:
         return extra, extra
+
+    def unseen_extra(self, theta: Params, extra: Params) -> Params:
+        """An unseen client's personal model starts at the global model (it predicts with ``w`` as it is)."""
+        return {n: theta[n] for n in self.names}
+
+    def finetune(
+        self, theta: Params, extra: Params, received: Params, data: ClientData, rnd: int, epochs: int
+    ) -> tuple[Params, Params]:
+        """An unseen client trains its personal model as in a round, against the global model it received;
+        the global copy's half of the round would not change its prediction and is skipped."""
+        anchor = {n: theta[n].detach() for n in self.names}
+        objective = Objective(mu=self.lam, anchor=anchor)
+        personal, _ = self.sgd(extra, data, rnd, objective=objective, epochs=epochs, tag=(UNSEEN_TAG,))
+        return theta, personal
 
 
 register_base(DittoConfig, Ditto, ("lam", "personal_epochs"))

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.local import UNSEEN_TAG, ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
 
 
@@ -40,6 +40,14 @@ class FedProx(LocalTraining):
         objective = Objective(mu=self.mu, anchor={n: t.detach() for n, t in received.items()})
         theta, value = self.sgd(theta, data, rnd, objective=objective)
         return theta, extra, value
+
+    def finetune(
+        self, theta: Params, extra: Params, received: Params, data: ClientData, rnd: int, epochs: int
+    ) -> tuple[Params, Params]:
+        """An unseen client's fine-tuning: the local objective, anchored to the received global model."""
+        objective = Objective(mu=self.mu, anchor={n: t.detach() for n, t in received.items()})
+        theta, _ = self.sgd(theta, data, rnd, objective=objective, epochs=epochs, tag=(UNSEEN_TAG,))
+        return theta, extra
 
 
 register_base(FedProxConfig, FedProx, ("mu",))

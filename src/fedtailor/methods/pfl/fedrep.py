@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from fedtailor.fl.records import ClientData
-from fedtailor.methods.pfl.local import ClientBatch, LocalSGDConfig, LocalTraining, Params
+from fedtailor.methods.pfl.local import UNSEEN_TAG, ClientBatch, LocalSGDConfig, LocalTraining, Params
 from fedtailor.methods.pfl.register import register_base
 from fedtailor.models.parts import head_names
 
@@ -38,6 +38,13 @@ class FedRep(LocalTraining):
         theta, _ = self.sgd(theta, data, rnd, trainable=self.own_personal, epochs=self.head_epochs, tag=("head",))
         theta, loss = self.sgd(theta, data, rnd, trainable=self.body)
         return theta, extra, loss
+
+    def finetune(
+        self, theta: Params, extra: Params, received: Params, data: ClientData, rnd: int, epochs: int
+    ) -> tuple[Params, Params]:
+        """An unseen client learns its own head on the global body, frozen (the paper's new-client protocol)."""
+        theta, _ = self.sgd(theta, data, rnd, trainable=self.own_personal, epochs=epochs, tag=(UNSEEN_TAG,))
+        return theta, extra
 
 
 register_base(FedRepConfig, FedRep, ("head_epochs",))

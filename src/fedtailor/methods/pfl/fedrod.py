@@ -19,6 +19,7 @@ import torch
 from fedtailor.fl.batched import Objective
 from fedtailor.fl.records import ClientData
 from fedtailor.methods.pfl.local import (
+    UNSEEN_TAG,
     ClientBatch,
     LocalSGDConfig,
     LocalTraining,
@@ -46,13 +47,31 @@ class FedRoD(LocalTraining):
     def local_program(
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
     ) -> tuple[Params, Params, Any]:
+        return self._joint_sgd(theta, extra, data, rnd)
+
+    def unseen_extra(self, theta: Params, extra: Params) -> Params:
+        """An unseen client's personal head starts as a copy of the generic head (as every client's does at
+        round 0, when both are the common initialisation): it predicts ``2 z_g``, the generic model's classes
+        (accuracy), its logits doubled (loss)."""
+        return {n: theta[n] for n in self.head_params}
+
+    def finetune(
+        self, theta: Params, extra: Params, received: Params, data: ClientData, rnd: int, epochs: int
+    ) -> tuple[Params, Params]:
+        """An unseen client runs the local program (generic model and personal head together) for ``epochs``."""
+        theta, extra, _ = self._joint_sgd(theta, extra, data, rnd, epochs=epochs, tag=(UNSEEN_TAG,))
+        return theta, extra
+
+    def _joint_sgd(
+        self, theta: Params, extra: Params, data: ClientData | ClientBatch, rnd: int, **sgd: Any
+    ) -> tuple[Params, Params, Any]:
         classes = self.num_classes(data)
         log_counts = per_client(data, lambda d: torch.bincount(d.train[1], minlength=classes).to(torch.float32).log())
         keys = {f"personal/{n}": n for n in self.head_params}
         # CE(z_g + log n_i, y) (-inf for absent classes: never a target) + CE(z_g.detach() + phi_i(r.detach()), y)
         objective = Objective(offset=log_counts, personal_head=keys)
         joint = {**theta, **{k: extra[n] for k, n in keys.items()}}
-        joint, value = self.sgd(joint, data, rnd, objective=objective, trainable=frozenset(joint))
+        joint, value = self.sgd(joint, data, rnd, objective=objective, trainable=frozenset(joint), **sgd)
         return ({n: joint[n] for n in self.names}, {n: joint[k] for k, n in keys.items()}, value)
 
     def num_classes(self, data: ClientData | ClientBatch) -> int:

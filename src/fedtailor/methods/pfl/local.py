@@ -19,7 +19,13 @@ Round ``t``, client ``i``:
    for ``n`` in ``S`` (FedAvg's weighted mean; a client's weight never exceeds its partition size).
 
 Evaluation: every client's own personalized model (received ``S`` plus its personal rest, or the method's own
-predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. All local
+predictor, e.g. Ditto's personal model) on its own test split; the loop averages over clients. A client that
+never trains (unseen, "Future": never scheduled, no state) receives every global value the server holds (``S``
+and ``L``; ``O`` is theta_0) and reports ``accuracy``/``loss`` of that model through the method's predictor, its
+personal state started at its global counterpart where it has one (:meth:`LocalTraining.unseen_extra`), and
+``finetuned_accuracy``/``finetuned_loss`` after ``unseen_finetune_epochs`` of the method's own local objective
+on its labelled context (:meth:`LocalTraining.finetune`, key ``(seed, "batches", t, i, "unseen")``), then
+drops the fine-tuned model (docs/pfl.md, "Unseen clients"). All local
 training is plain minibatch SGD (:func:`fedtailor.fl.training.functional_sgd`) in an order drawn from the key
 ``(seed, "batches", t, i)``; the clients of a round run it together (:mod:`fedtailor.fl.batched`: a hand-written
 backward over all clients at once; ``torch.func.vmap`` for models and objectives it does not cover).
@@ -28,7 +34,7 @@ backward over all clients at once; ``torch.func.vmap`` for models and objectives
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -48,6 +54,8 @@ from fedtailor.models.parts import head_module
 from fedtailor.rng import torch_generator
 
 Params = dict[str, torch.Tensor]
+
+UNSEEN_TAG = "unseen"  # the batch-order key's tag of an unseen client's fine-tuning
 
 
 class FedLAGConfig(Section):
@@ -101,6 +109,14 @@ class LocalSGDConfig(Section):
         "a longer update is rejected or clipped (update_bound_mode), which bounds one client's influence",
     )
     update_bound_mode: Literal["reject", "clip"] = "reject"
+    unseen_finetune_epochs: int = Field(
+        1,
+        ge=0,
+        description="epochs each unseen (Future) client fine-tunes on its own labelled records (its context, "
+        "data.context_size) at every evaluation, from the global model, before its finetuned_accuracy; 0: only "
+        "the as-is evaluation (finetuned_* then equal accuracy and loss). The fine-tuned model is discarded "
+        "(docs/pfl.md, 'Unseen clients')",
+    )
     fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
 
 
@@ -170,13 +186,19 @@ class LocalTraining(Method[SharedState, PersonalState]):
         train_sizes: Mapping[int, int] | None = None,
         update_bound: float | None = None,
         update_bound_mode: Literal["reject", "clip"] = "reject",
+        unseen: Iterable[int] = (),
+        unseen_finetune_epochs: int = 1,
     ) -> None:
+        if unseen_finetune_epochs < 0:
+            raise ValueError(f"unseen_finetune_epochs must be >= 0 (0: no fine-tuning), got {unseen_finetune_epochs}.")
         self.model = model_fn().to(device)  # one working module; parameters are passed functionally
         self.lr, self.local_epochs, self.batch_size, self.momentum = lr, local_epochs, batch_size, momentum
         self.seed, self.device, self.rounds = seed, device, rounds
         # what the server knows of each client: its partition size caps its aggregation weight (None: no cap)
         self.train_sizes = None if train_sizes is None else {int(c): int(n) for c, n in train_sizes.items()}
         self.update_bound, self.update_bound_mode = update_bound, update_bound_mode
+        # the clients that never train (the server knows them from the partition), evaluated as in the module doc
+        self.unseen, self.unseen_finetune_epochs = frozenset(int(c) for c in unseen), unseen_finetune_epochs
         self.theta0: Params = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         # the model as a chain of layers with a hand-written backward (None: not one; vmap is the fallback)
         self.chain = try_compile(self.model)
@@ -215,6 +237,23 @@ class LocalTraining(Method[SharedState, PersonalState]):
     def predict(self, theta: Params, extra: Params, *, data: ClientData, final: bool) -> tuple[Params, Params]:
         """What a client evaluates with (``final``: the run's last evaluation), passed to :meth:`eval_logits`.
         Default: its model as it stands."""
+        return theta, extra
+
+    def unseen_extra(self, theta: Params, extra: Params) -> Params:
+        """The method-specific tensors an unseen client starts from, given its starting model ``theta`` (the
+        server's global values, theta_0 for the method's own personal part) and :meth:`init_extra`. Default:
+        :meth:`init_extra` as it is; a method whose personal state has a global counterpart starts it there
+        (Ditto's and APFL's personal model: the global model; FedRoD's personal head: the generic head)."""
+        return extra
+
+    def finetune(
+        self, theta: Params, extra: Params, received: Params, data: ClientData, rnd: int, epochs: int
+    ) -> tuple[Params, Params]:
+        """An unseen client's fine-tuning at the evaluation of round ``rnd``: ``epochs`` epochs of the method's
+        own local objective on its training records, batches from the key ``(seed, "batches", rnd, client,
+        "unseen")``. Default: SGD on cross-entropy over every parameter (FedAvg's, FedPer's and LG-FedAvg's local
+        program, FedBABU's fine-tuning)."""
+        theta, _ = self.sgd(theta, data, rnd, epochs=epochs, tag=(UNSEEN_TAG,))
         return theta, extra
 
     # ----- shared helpers -----------------------------------------------------------------------------
@@ -374,10 +413,15 @@ class LocalTraining(Method[SharedState, PersonalState]):
         return Message(arrays=arrays, config=reply.config)
 
     def configure_evaluate(self, server: SharedState, cid: int) -> Message:
-        return Message(
-            arrays={n: server.params[n] for n in self.shared_names(server)},
-            config={"final": server.round >= self.rounds},
-        )
+        """A seen client gets the shared names ``S``. An unseen client gets every name the server holds a global
+        value of (``S`` and a wrapper's personal layers ``L`` at their last average; not the method's own part
+        ``O``, which the server never changes from theta_0), flagged ``unseen``, with the round that keys its
+        fine-tuning."""
+        final = server.round >= self.rounds
+        if cid in self.unseen:
+            arrays = {n: server.params[n] for n in self.names if n not in self.own_personal}
+            return Message(arrays=arrays, config={"final": final, "unseen": True, "round": server.round})
+        return Message(arrays={n: server.params[n] for n in self.shared_names(server)}, config={"final": final})
 
     # ----- client side --------------------------------------------------------------------------------
     def init_client(self, cid: int) -> PersonalState:
@@ -439,11 +483,36 @@ class LocalTraining(Method[SharedState, PersonalState]):
             self.pool.close()
 
     def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
+        if msg.config.get("unseen", False):
+            return self.evaluate_unseen(msg, data)
         theta, extra, _ = self.start_model(msg, state)
-        x, y = data.eval
-        params, extra = self.predict(theta, extra, data=data, final=bool(msg.config.get("final", False)))
-        acc, loss = accuracy_and_loss_of(lambda xb: self.eval_logits(params, extra, xb), x, y)
-        return {"accuracy": acc, "loss": loss, "num_examples": float(len(x))}
+        acc, loss = self._accuracy_and_loss(theta, extra, data, final=bool(msg.config.get("final", False)))
+        return {"accuracy": acc, "loss": loss, "num_examples": float(len(data.eval[1]))}
+
+    def evaluate_unseen(self, msg: Message, data: ClientData) -> Metrics:
+        """An unseen client, which never trained: ``accuracy``/``loss`` of the model it starts from (the
+        received global values, theta_0 for the method's own personal part, :meth:`unseen_extra`) through the
+        method's predictor, and ``finetuned_accuracy``/``finetuned_loss`` after :meth:`finetune` for
+        ``unseen_finetune_epochs`` from there (equal to the first two at 0 epochs). Nothing is kept: the
+        fine-tuned model is dropped and the client state is neither read nor written."""
+        theta, extra, received = self.start_model(msg, None)
+        extra = self.unseen_extra(theta, extra)
+        acc, loss = self._accuracy_and_loss(theta, extra, data, final=False)
+        metrics = {"accuracy": acc, "loss": loss, "num_examples": float(len(data.eval[1]))}
+        if self.unseen_finetune_epochs:
+            if data.train is None or len(data.train[1]) == 0:
+                raise ValueError(
+                    f"unseen client {data.cid} has no labelled records to fine-tune on; set data.context_size > 0 "
+                    "or method.unseen_finetune_epochs = 0."
+                )
+            rnd = int(msg.config["round"])
+            theta, extra = self.finetune(theta, extra, received, data, rnd, self.unseen_finetune_epochs)
+            acc, loss = self._accuracy_and_loss(theta, extra, data, final=False)
+        return {**metrics, "finetuned_accuracy": acc, "finetuned_loss": loss}
+
+    def _accuracy_and_loss(self, theta: Params, extra: Params, data: ClientData, *, final: bool) -> tuple[float, float]:
+        params, extra = self.predict(theta, extra, data=data, final=final)
+        return accuracy_and_loss_of(lambda xb: self.eval_logits(params, extra, xb), *data.eval)
 
     def eval_logits(self, params: Params, extra: Params, x: torch.Tensor) -> torch.Tensor:
         """Logits a client predicts with (FedRoD adds its personal head)."""

@@ -43,6 +43,8 @@ def register_base(
             train_sizes=train_sizes(setup.clients),
             update_bound=m.update_bound,
             update_bound_mode=m.update_bound_mode,
+            unseen=[c for c, d in setup.clients.items() if not d.seen],
+            unseen_finetune_epochs=m.unseen_finetune_epochs,
             **{o: getattr(m, o) for o in options},
         )
         if m.fedlag is None:
