@@ -95,8 +95,13 @@ class DataConfig(_Section):
         0.0,
         ge=0,
         lt=1,
-        description="> 0: hold out this fraction of each seen client's training records and evaluate "
-        "on it instead of the test split (for choosing hyperparameters; unseen clients are not evaluated)",
+        description="> 0: hold out this fraction of each seen client's training records as its validation split",
+    )
+    validation_mode: Literal["replace", "alongside"] = Field(
+        "replace",
+        description="with data.validation > 0: 'replace' evaluates on the validation split instead of the test "
+        "split (for choosing hyperparameters; unseen clients are not evaluated); 'alongside' keeps the test split "
+        "and also evaluates on the validation split (val_* metrics), so the results report the round chosen on it",
     )
     context_size: int = Field(333, ge=0, description="m_c, records of each client's context (0: none)")
     min_records: int = Field(

@@ -3,6 +3,7 @@ read through :mod:`fedtailor.rundir`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +40,84 @@ def format_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -
     return "\n".join([line, sep] + ["  ".join(v.rjust(w) for v, w in zip(b, widths)) for b in body])
 
 
+#: The suffixes of a summary metric's spread over clients (:func:`fedtailor.fl.loop.client_statistics`).
+STATISTICS = ("std", "p10", "ci95_lo", "ci95_hi")
+
+
+def is_accuracy(key: str) -> bool:
+    """Whether a summary key is an accuracy (or its spread over clients), shown in percent."""
+    parts = key.split("/")
+    return (parts[-2] if parts[-1] in STATISTICS and len(parts) > 1 else parts[-1]).endswith("accuracy")
+
+
+def summary_groups(summary: dict[str, Any]) -> dict[str, list[str]]:
+    """The client groups of a run's final summary, each with its metrics (``G/M`` keys, in order)."""
+    groups: dict[str, list[str]] = {}
+    for key in summary:
+        group, _, metric = key.partition("/")
+        if metric and "/" not in metric and metric != "clients" and group not in ("best", "chosen"):
+            groups.setdefault(group, []).append(metric)
+    return groups
+
+
+def _pct(value: float, key: str) -> str:
+    return f"{100 * value:.2f}%" if is_accuracy(key) else f"{value:.4g}"
+
+
+def distribution_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per group and metric: clients, mean, std, 10th percentile and the 95% interval of the mean."""
+    rows = []
+    for group, metrics in summary_groups(summary).items():
+        for metric in metrics:
+            key = f"{group}/{metric}"
+            row = {"group": group, "metric": metric, "clients": summary.get(f"{group}/clients", "?")}
+            row["mean"] = _pct(summary[key], key)
+            for stat in STATISTICS:
+                row[stat] = _pct(summary[f"{key}/{stat}"], key) if f"{key}/{stat}" in summary else "-"
+            rows.append(row)
+    return rows
+
+
+def round_rows(results: Results, *, metric: str = "accuracy") -> list[dict[str, Any]]:
+    """The final, best (optimistic) and validation-chosen round with each group's mean ``metric``."""
+    s = results["summary"]
+    groups = [g for g, metrics in summary_groups(s).items() if metric in metrics]
+    rows = []
+    for label, prefix, what in (
+        ("final", "", "the last round (the summary above)"),
+        ("best", "best/", "highest seen mean on these numbers: optimistic"),
+        ("chosen", "chosen/", "highest seen mean on the validation split"),
+    ):
+        rnd = results["rounds_completed"] if label == "final" else s.get(f"{label}_round")
+        if rnd is None:
+            continue
+        row = {"round choice": label, "round": int(rnd)}
+        for g in groups:
+            key = f"{prefix}{g}/{metric}"
+            row[f"{g}/{metric}"] = _pct(s[key], key) if key in s else "-"
+        row["picked by"] = what
+        rows.append(row)
+    return rows
+
+
 def summary_lines(results: Results) -> list[str]:
     s = results["summary"]
     lines = [
         f"run {results['name']}: method {results['method']} on {results['dataset']}, seed {results['seed']}, "
         f"{results['rounds_completed']}/{results['rounds']} rounds, {results.get('wall_seconds', 0.0):.1f} s"
     ]
-    for group, label in (("seen", "Seen"), ("future", "Future")):
-        if f"{group}/accuracy" in s:
-            n = sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
-            lines.append(f"  {label:6s} accuracy {100 * s[f'{group}/accuracy']:.2f}% (mean over {n} clients)")
+    for group in summary_groups(s):
+        key = f"{group}/accuracy"
+        if key not in s:
+            continue
+        n = s.get(f"{group}/clients") or sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
+        line = f"  {group.capitalize():6s} accuracy {100 * s[key]:.2f}% (mean over {int(n)} clients)"
+        if f"{key}/std" in s:
+            line += (
+                f" +- {100 * s[f'{key}/std']:.2f} std, p10 {100 * s[f'{key}/p10']:.2f}%, 95% interval of the mean "
+                f"[{100 * s[f'{key}/ci95_lo']:.2f}, {100 * s[f'{key}/ci95_hi']:.2f}]%"
+            )
+        lines.append(line)
     facts = results.get("method_summary", {})
     for k, v in facts.items():
         if isinstance(v, (int, float, str)) and not k.startswith("epsilon_void"):
@@ -128,11 +197,40 @@ def report(run_dir: str | Path, *, plots: bool = True) -> str:
         table = format_table(clients, cols)
     else:
         table = "(no client was evaluated: no client has evaluation records in this run)"
-    text = "\n".join(summary_lines(results)) + "\n\nper-client results:\n" + table
+    text = "\n".join(summary_lines(results))
+    distribution = distribution_rows(results["summary"])
+    if distribution:
+        text += (
+            "\n\nover clients, final round (mean, sample std, 10th percentile, 95% Student-t interval of the mean; "
+            "docs/evaluation.md):\n" + format_table(distribution)
+        )
+    rounds = round_rows(results)
+    if len(rounds) > 1:
+        text += "\n\nround choice (mean accuracy over clients):\n" + format_table(rounds)
+    text += "\n\nper-client results:\n" + table
     if plots:
         written = plot_run(results, history, run_dir)
         text += "\n\nplots: " + ", ".join(str(p) for p in written)
     return text
+
+
+def metric_variants(metric: str) -> list[str]:
+    """The summary keys the seed tables show for ``metric``: the final round's mean over clients, the 10th
+    percentile over clients, and the best (optimistic) and the validation-chosen round's mean."""
+    return [metric, f"{metric}/p10", f"best/{metric}", f"chosen/{metric}"]
+
+
+def seed_cell(key: str, mean: float, std: float) -> str:
+    """``mean +- std`` over seeds; accuracies in percent."""
+    if is_accuracy(key):
+        return f"{100 * mean:.2f} +- {100 * std:.2f}"
+    return f"{mean:.4g} +- {std:.2g}"
+
+
+def seed_cells(stats: dict[str, tuple[float, float]], metrics: Iterable[str]) -> dict[str, str]:
+    """The cells of ``metrics`` and their variants (:func:`metric_variants`) present in ``stats``
+    (:func:`aggregate_seeds`), by summary key."""
+    return {k: seed_cell(k, *stats[k]) for m in metrics for k in metric_variants(m) if k in stats}
 
 
 def aggregate_seeds(run_dirs: list[str | Path]) -> dict[str, tuple[float, float]]:

@@ -42,7 +42,12 @@ class Results(TypedDict, total=False):
     """The schema of ``results.json``, as the runner writes it (``Required``: every run has it; this module has
     no ``from __future__ import annotations``, which would hide ``Required`` from ``__required_keys__``).
 
-    ``summary``: per-client means of the evaluation metrics (``seen/accuracy``, ``future/accuracy``, ...);
+    ``summary``: the final evaluation summarized over clients per group (``seen/accuracy`` the mean over seen
+    clients, ``seen/accuracy/std``, ``/p10``, ``/ci95_lo``, ``/ci95_hi``, ``seen/clients``; groups ``seen``,
+    ``future``, ``all``: :func:`fedtailor.fl.loop.summarize`), and from the rounds evaluated every
+    ``eval_every`` rounds ``best_round`` with ``best/...`` (the round best on the test metric: optimistic) and
+    ``chosen_round`` with ``chosen/...`` (the round best on the validation split, ``data.validation_mode =
+    "alongside"``) (:func:`fedtailor.fl.loop.chosen_rounds`); docs/evaluation.md says what each measures.
     ``method_summary``: the method's facts (privacy ledger, FedLAG's chosen layers, ...); ``round_totals``: sums
     and means of the per-round records (:func:`fedtailor.runner.round_totals`); ``per_client``: one row per
     evaluated client (``client``, ``seen``, its metrics, ``num_examples``)."""

@@ -16,7 +16,7 @@ from fedtailor import rundir
 from fedtailor.config import RunConfig, dump_config
 from fedtailor.experiment import build_method, build_setup
 from fedtailor.fl.checkpoint import load_checkpoint
-from fedtailor.fl.loop import RunInterrupted, Transport, run_federated, summarize
+from fedtailor.fl.loop import GROUPS, RunInterrupted, Transport, chosen_rounds, run_federated, summarize
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,17 @@ def _check_out(
 
 def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
     """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``), of the
-    rejected and abstained replies (``*_total``), means of the other numeric metrics (``*_mean``)."""
-    keys = sorted({k for r in history for k, v in r.items() if isinstance(v, (int, float)) and k != "round"})
+    rejected and abstained replies (``*_total``), means of the other numeric metrics (``*_mean``). The rounds'
+    evaluation summaries (``seen/...``) are not averaged: the results carry the final, best and chosen round's."""
+    evaluation = tuple(f"{g}/" for g in GROUPS)
+    keys = sorted(
+        {
+            k
+            for r in history
+            for k, v in r.items()
+            if isinstance(v, (int, float)) and k != "round" and not k.startswith(evaluation)
+        }
+    )
     out: dict[str, float] = {}
     for k in keys:
         vals = [float(r[k]) for r in history if isinstance(r.get(k), (int, float))]
@@ -203,7 +212,7 @@ def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: A
         "seed": cfg.seed,
         "rounds_completed": result.state.round,
         "rounds": cfg.federation.rounds,
-        "summary": summarize(result.evaluation, setup.clients),
+        "summary": {**summarize(result.evaluation, setup.clients), **chosen_rounds(result.history)},
         "method_summary": method.summary(result.state.server),
         "round_totals": round_totals(result.history),
         "per_client": per_client,

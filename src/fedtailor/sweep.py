@@ -4,7 +4,9 @@ Each (grid point, seed) is an ordinary run directory under the sweep folder (``O
 :func:`fedtailor.rundir.point_dir`), so an interrupted sweep resumes by skipping finished runs (of the same
 resolved config: :func:`fedtailor.rundir.finished`) and continuing unfinished ones from their checkpoints.
 Aggregation follows the papers: accuracy is averaged within a client, then over clients (inside each run), then
-mean and standard deviation over seeds.
+mean and standard deviation over seeds; the table also shows, as mean +- std over seeds, each run's 10th
+percentile over clients and the best and validation-chosen round's accuracy where the runs have them
+(:func:`fedtailor.report.metric_variants`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from fedtailor.config import load_config, parse_override
 from fedtailor.experiment import check_data_name
-from fedtailor.report import aggregate_seeds, format_table
+from fedtailor.report import aggregate_seeds, format_table, seed_cells
 from fedtailor.rundir import finished, point_dir, slug
 from fedtailor.runner import run_experiment
 
@@ -106,10 +108,7 @@ def run_sweep(
             run_dirs.append(run_dir)
         stats = aggregate_seeds(run_dirs)
         row = dict(point)
-        for key in ("seen/accuracy", "future/accuracy"):
-            if key in stats:
-                mean, std = stats[key]
-                row[key] = f"{100 * mean:.2f} +- {100 * std:.2f}"
+        row.update(seed_cells(stats, ("seen/accuracy", "future/accuracy")))
         for key in (
             "epsilon_max",
             "sigma",

@@ -22,7 +22,7 @@ underflow to an all-zero row or produce NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -55,7 +55,9 @@ class ClientIndices:
 
     ``train``: private training records (empty for an unseen client). ``eval``: held-out evaluation
     records (seen) or the query set (unseen). ``context``: the conditioning set C_i of m_c records, a subset
-    of ``train`` for a seen client and disjoint from ``eval`` for an unseen one.
+    of ``train`` for a seen client and disjoint from ``eval`` for an unseen one. ``val``: validation records
+    held out of a seen client's training records besides ``eval`` (:func:`holdout_validation` with
+    ``alongside``; empty otherwise).
     """
 
     client_id: int
@@ -63,11 +65,12 @@ class ClientIndices:
     train: np.ndarray
     eval: np.ndarray
     context: np.ndarray
+    val: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     @property
     def records(self) -> np.ndarray:
         """All of the client's records (sorted)."""
-        return np.union1d(np.union1d(self.train, self.eval), self.context)
+        return np.union1d(np.union1d(np.union1d(self.train, self.eval), self.context), self.val)
 
 
 @dataclass(frozen=True)
@@ -416,20 +419,25 @@ def federated_partition(
     )
 
 
-def holdout_validation(partition: FederatedPartition, *, fraction: float, seed: int) -> FederatedPartition:
-    """The partition for choosing hyperparameters: no test or query record is used.
+def holdout_validation(
+    partition: FederatedPartition, *, fraction: float, seed: int, alongside: bool = False
+) -> FederatedPartition:
+    """The partition with a validation split: ``round(fraction * |train|)`` of each seen client's training
+    records outside its context set (key (seed, "partition", "validation", client)), removed from its training
+    records; its context set is unchanged, so the context release is the same as in the real run.
 
-    Each seen client's evaluation set becomes ``round(fraction * |train|)`` of its training records outside its
-    context set (key (seed, "partition", "validation", client)), removed from its training records; its context
-    set is unchanged, so the context release is the same as in the real run. Unseen clients keep their context
-    and get an empty evaluation set (their query records are test data): they are not evaluated.
+    By default (for choosing hyperparameters: no test or query record is used) the validation records become
+    each seen client's evaluation set, and unseen clients keep their context and get an empty evaluation set
+    (their query records are test data): they are not evaluated. ``alongside``: every client keeps its
+    evaluation set (test or query records) and each seen client holds its validation records apart (``val``).
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r} (for example 0.2).")
     clients = []
     for c in partition.clients:
         if not c.seen:
-            clients.append(ClientIndices(c.client_id, False, c.train, np.empty(0, dtype=np.int64), c.context))
+            kept = c.eval if alongside else np.empty(0, dtype=np.int64)
+            clients.append(ClientIndices(c.client_id, False, c.train, kept, c.context))
             continue
         outside = np.setdiff1d(c.train, c.context)
         n_val = round(fraction * c.train.size)
@@ -438,8 +446,13 @@ def holdout_validation(partition: FederatedPartition, *, fraction: float, seed: 
                 f"client {c.client_id} has {outside.size} training records outside its context set, cannot hold out "
                 f"{n_val} for validation; use a validation fraction below {outside.size / max(c.train.size, 1):.2f}."
             )
-        val = numpy_rng(seed, "partition", "validation", c.client_id).choice(outside, size=n_val, replace=False)
-        clients.append(ClientIndices(c.client_id, True, np.setdiff1d(c.train, val), np.sort(val), c.context))
+        rng = numpy_rng(seed, "partition", "validation", c.client_id)
+        val = np.sort(rng.choice(outside, size=n_val, replace=False))
+        train = np.setdiff1d(c.train, val)
+        if alongside:
+            clients.append(ClientIndices(c.client_id, True, train, c.eval, c.context, val))
+        else:
+            clients.append(ClientIndices(c.client_id, True, train, val, c.context))
     return FederatedPartition(
         clients=tuple(clients), seen=partition.seen, unseen=partition.unseen, num_classes=partition.num_classes
     )

@@ -44,9 +44,10 @@ class ImageSetup:
 
 def client_data(dataset: ImageDataset, partition: FederatedPartition, device: torch.device) -> dict[int, ClientData]:
     """Each client's records as tensors on ``device``: train (x, y), eval (x, y) (None when the client has no
-    evaluation records: it is then not evaluated) and the context inputs. An unseen client's train is its
-    context with labels: it is never scheduled, and the parameter-sharing methods fine-tune on it when they
-    evaluate it (docs/pfl.md, "Unseen clients")."""
+    evaluation records: it is then not evaluated), the context inputs and val (x, y) (None without validation
+    records beside the evaluation ones). An unseen client's train is its context with labels: it is never
+    scheduled, and the parameter-sharing methods fine-tune on it when they evaluate it (docs/pfl.md, "Unseen
+    clients")."""
 
     def take(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         i = np.asarray(idx, dtype=np.int64)  # fancy indexing copies, so the cached arrays stay read-only
@@ -59,6 +60,7 @@ def client_data(dataset: ImageDataset, partition: FederatedPartition, device: to
             train=take(c.train if c.seen else c.context),
             eval=take(c.eval) if c.eval.size else None,
             context=take(c.context)[0],
+            val=take(c.val) if c.val.size else None,
         )
         for c in partition.clients
     }
@@ -66,7 +68,8 @@ def client_data(dataset: ImageDataset, partition: FederatedPartition, device: to
 
 def build_image_setup(cfg: Any) -> ImageSetup:
     """The dataset (``data.limit``: a seeded subset), the partition (``data.validation``: held-out training
-    records), the client tensors on the run's device and the schedule over the seen clients."""
+    records, instead of or beside the test split by ``data.validation_mode``), the client tensors on the run's
+    device and the schedule over the seen clients."""
     device = select_device(cfg.device)
     d = cfg.data
     dataset = load_dataset(d.dataset, root=d.root)
@@ -87,7 +90,9 @@ def build_image_setup(cfg: Any) -> ImageSetup:
         seed=cfg.seed,
     )
     if d.validation > 0:
-        partition = holdout_validation(partition, fraction=d.validation, seed=cfg.seed)
+        partition = holdout_validation(
+            partition, fraction=d.validation, seed=cfg.seed, alongside=d.validation_mode == "alongside"
+        )
     seen = np.asarray(partition.seen, dtype=np.int64)
     order = uniform_schedule(
         num_clients=len(seen), rounds=cfg.federation.rounds, per_round=cfg.federation.clients_per_round, seed=cfg.seed

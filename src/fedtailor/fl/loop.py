@@ -4,10 +4,11 @@ Round ``t`` (1-based) sends ``configure_fit`` messages to the clients ``schedule
 :class:`Transport`, checks each reply as it arrives (:func:`accept`: a rejected reply is dropped, logged and
 counted; the server state is untouched), folds it in (``fold_fit``) and makes the new server state
 (``finish_fit``). Every ``eval_every`` rounds and at the end, every client is evaluated (per-client metrics; the
-summary averages within a client first, then over clients). The transport is the only thing that differs
-between running the clients in this process (:class:`InProcess`, the default) and on Flower nodes
-(``fedtailor.flower.apps``): the setup phase, the checks, the finite checks, ``eval_every``, the round records
-(who was lost, who was rejected), checkpoints and resumption are written once, here.
+summary averages within a client first, then over clients, with the spread over clients: :func:`summarize`).
+The transport is the only thing that differs between running the clients in this process (:class:`InProcess`,
+the default) and on Flower nodes (``fedtailor.flower.apps``): the setup phase, the checks, the finite checks,
+``eval_every``, the round records (who was lost, who was rejected), checkpoints and resumption are written once,
+here.
 
 Randomness comes from explicit keys (round, client), never from a running generator, so a run resumed from a
 checkpoint reproduces the uninterrupted run exactly.
@@ -15,14 +16,17 @@ checkpoint reproduces the uninterrupted run exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from scipy.special import stdtrit
 from tqdm.auto import tqdm
 
 from fedtailor.fl.checkpoint import LoopState, load_checkpoint, save_checkpoint
@@ -53,21 +57,87 @@ class RunResult:
         return self.state.history
 
 
-def summarize(evaluation: Mapping[int, Metrics], clients: Mapping[int, ClientData]) -> dict[str, float]:
-    """Average per-client metrics over seen and over unseen (Future) clients: within a client first, then
-    over clients (each client counts once, whatever its number of records)."""
+#: The client groups of an evaluation summary: name -> which clients it holds. ``all`` is every evaluated client.
+GROUPS: dict[str, Callable[[ClientData], bool]] = {
+    "seen": lambda c: c.seen,
+    "future": lambda c: not c.seen,
+    "all": lambda c: True,
+}
+
+#: The prefix of the metrics a client reports on its validation records (:func:`evaluate_client`).
+VALIDATION = "val_"
+
+
+def client_statistics(values: Sequence[float]) -> dict[str, float]:
+    """The distribution over clients of one metric (one value per client), keyed by the suffix that follows
+    ``GROUP/METRIC`` in a summary: ``""`` the mean, ``"/std"`` the sample standard deviation (ddof 1),
+    ``"/p10"`` the 10th percentile (numpy's linear interpolation between order statistics), and
+    ``"/ci95_lo"``, ``"/ci95_hi"`` a 95% interval for the mean over clients by Student's t on the client values
+    (mean +- t(0.975, n - 1) * std / sqrt(n); no resampling, so it is deterministic). With one client there is
+    no spread: std and the interval are left out."""
+    v = np.asarray(values, dtype=np.float64)
+    out = {"": float(v.mean()), "/p10": float(np.percentile(v, 10))}
+    if v.size > 1:
+        std = float(v.std(ddof=1))
+        half = float(stdtrit(v.size - 1, 0.975)) * std / math.sqrt(v.size)
+        out.update({"/std": std, "/ci95_lo": out[""] - half, "/ci95_hi": out[""] + half})
+    return out
+
+
+def summarize(
+    evaluation: Mapping[int, Metrics],
+    clients: Mapping[int, ClientData],
+    *,
+    groups: Mapping[str, Callable[[ClientData], bool]] = GROUPS,
+) -> dict[str, float]:
+    """Per-client metrics summarized over each group of clients (:data:`GROUPS`: seen, unseen (Future) and all
+    evaluated clients; a group without evaluated clients is left out). Each client counts once, whatever its
+    number of records (its metrics are already means over its records). For every metric ``M`` of a group
+    ``G``: ``G/M`` the mean over clients, and ``G/M/std``, ``G/M/p10``, ``G/M/ci95_lo``, ``G/M/ci95_hi``
+    (:func:`client_statistics`); ``G/clients``: how many clients were evaluated."""
     out: dict[str, float] = {}
-    for group, members in (
-        ("seen", [c for c in evaluation if clients[c].seen]),
-        ("future", [c for c in evaluation if not clients[c].seen]),
-    ):
+    for group, member in groups.items():
+        members = [c for c in evaluation if member(clients[c])]
         if not members:
             continue
-        keys = sorted({k for c in members for k in evaluation[c] if k != "num_examples"})
+        out[f"{group}/clients"] = len(members)
+        keys = sorted({k for c in members for k in evaluation[c] if not k.endswith("num_examples")})
         for k in keys:
-            vals = [evaluation[c][k] for c in members if k in evaluation[c]]
-            out[f"{group}/{k}"] = float(np.mean(vals))
+            stats = client_statistics([evaluation[c][k] for c in members if k in evaluation[c]])
+            out.update({f"{group}/{k}{suffix}": v for suffix, v in stats.items()})
     return out
+
+
+def chosen_rounds(
+    history: Sequence[Mapping[str, Any]], *, group: str = "seen", metric: str = "accuracy"
+) -> dict[str, Any]:
+    """The best and the validation-chosen round of a run, from its per-round records (those with an evaluation
+    summary, every ``eval_every`` rounds; empty when there is none).
+
+    ``best_round``: the round with the highest ``GROUP/METRIC`` (by default the mean test accuracy over seen
+    clients), and ``best/KEY`` every evaluation figure of that round: optimistic, the round is picked on the very
+    numbers it reports. ``chosen_round``: the round with the highest ``GROUP/val_METRIC`` (the same mean on the
+    clients' validation records, ``data.validation_mode = "alongside"``), and ``chosen/KEY`` the figures of that
+    round, its test metrics included: an honest choice of round. Ties go to the earliest round."""
+    out: dict[str, Any] = {}
+    keep = tuple(f"{g}/" for g in GROUPS)
+    for label, key in (("best", f"{group}/{metric}"), ("chosen", f"{group}/{VALIDATION}{metric}")):
+        records = [r for r in history if isinstance(r.get(key), (int, float))]
+        if records:
+            top = records[int(np.argmax([r[key] for r in records]))]
+            out[f"{label}_round"] = top["round"]
+            out.update({f"{label}/{k}": v for k, v in top.items() if k.startswith(keep)})
+    return out
+
+
+def evaluate_client(method: Method, msg: Message, state: Any, data: ClientData) -> Metrics:
+    """A client's evaluation reply: the method's metrics on its evaluation records and, when it also holds
+    validation records (``data.val``), the same metrics on those with the prefix ``val_``."""
+    metrics = dict(method.client_evaluate(msg, state, data))
+    if data.val is not None:
+        val = method.client_evaluate(msg, state, dataclasses.replace(data, eval=data.val))
+        metrics.update({VALIDATION + k: v for k, v in val.items()})
+    return metrics
 
 
 class Transport(Protocol):
@@ -118,7 +188,7 @@ class InProcess:
                 yield cid, reply
         elif kind == "evaluate":
             for cid, msg in msgs.items():
-                yield cid, m.client_evaluate(msg, self._state(cid), data[cid])
+                yield cid, evaluate_client(m, msg, self._state(cid), data[cid])
         elif kind == "fit" and m.streaming:  # one client at a time: its reply is folded before the next runs
             for cid, msg in msgs.items():
                 reply, self.client_states[cid] = m.client_fit(msg, self._state(cid), data[cid])

@@ -180,10 +180,13 @@ def check_metrics(metrics: object, *, finite: bool = True) -> Metrics:
 @dataclass
 class ClientData:
     """What one client holds. For image tasks ``train``/``eval`` are (x, y) tensor pairs and ``context`` an x
-    tensor; other methods (e.g. preference data) put their own records here."""
+    tensor; other methods (e.g. preference data) put their own records here. ``val``: validation records held
+    out of the training records besides ``eval`` (``data.validation_mode = "alongside"``); the client's
+    evaluation reply then also holds its metrics on them (:func:`fedtailor.fl.loop.evaluate_client`)."""
 
     cid: int
     seen: bool
     train: Any = None
     eval: Any = None
     context: Any = None
+    val: Any = None

@@ -29,6 +29,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from fedtailor.fl.checkpoint import load_checkpoint, open_private
+from fedtailor.fl.loop import evaluate_client, run_federated
 from fedtailor.fl.records import RequestRefused
 from fedtailor.flower.binding import NodeBinding, ReplyView
 from fedtailor.flower.records import STATE_KEY, from_records, state_from_bytes, state_to_bytes, to_records
@@ -189,8 +190,6 @@ def drive(method: Any, setup: Any, exchange: Any) -> tuple[Any, list[dict[str, A
     ``query.setup``, ``train`` or ``evaluate``), driven by the one federation driver
     (:func:`fedtailor.fl.loop.run_federated` with a :class:`Remote` transport): the same checks, records, finite
     checks and evaluation as every run. Returns (server state, per-round history, per-client evaluation)."""
-    from fedtailor.fl.loop import run_federated
-
     result = run_federated(method, setup.clients, setup.schedule, transport=Remote(exchange), progress=False)
     return result.state.server, result.history, result.evaluation
 
@@ -291,7 +290,7 @@ def handle(kind: str, msg: Any, state: Any, method: Any, data: Any) -> tuple[Any
     if kind == "train":
         return method.client_fit(msg, state, data)
     if kind == "evaluate":
-        return method.client_evaluate(msg, state, data), state
+        return evaluate_client(method, msg, state, data), state
     raise ValueError(f"unknown message kind {kind!r}.")
 
 

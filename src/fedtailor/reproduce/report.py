@@ -1,6 +1,7 @@
 """The report of ``fedtailor reproduce``, from the finished runs of a plan: per experiment ``table.md`` and
-``table.csv`` (mean +- std over seeds of the per-client means, per point), ``accuracy.png`` (a bar per point with
-the seed spread) and ``trend.png`` where the experiment has a numeric axis (each metric against eps, alpha or k,
+``table.csv`` (mean +- std over seeds of the per-client means, per point, with each run's 10th percentile over
+clients and its best and validation-chosen round's mean where the runs have them), ``accuracy.png`` (a bar per
+point with the seed spread) and ``trend.png`` where the experiment has a numeric axis (each metric against eps, alpha or k,
 as the papers' figures); and ``OUT/report.html`` linking every experiment with its tables and images inline (one
 file, no external resources)."""
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
-from fedtailor.report import aggregate_seeds
+from fedtailor.report import aggregate_seeds, is_accuracy, metric_variants, seed_cells
 from fedtailor.reproduce.plan import Run
 from fedtailor.rundir import slug
 
@@ -35,16 +36,15 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
         for (block, point), dirs in groups.items():
             stats = aggregate_seeds(dirs)
             row = {"block": block, "point": point, "seeds": len(dirs)}
-            for m in exp.metrics:
+            row.update(seed_cells(stats, exp.metrics))
+            for m in exp.metrics:  # the numbers the plots draw, accuracies in percent
                 if m in stats:
-                    scale = 100.0 if m.endswith("accuracy") else 1.0  # accuracies in percent, the rest as they are
-                    mean, std = scale * stats[m][0], scale * stats[m][1]
-                    row[m] = f"{mean:.2f} +- {std:.2f}" if scale == 100 else f"{mean:.4g} +- {std:.2g}"
-                    row[m + " (mean)"], row[m + " (std)"] = mean, std
+                    scale = 100.0 if is_accuracy(m) else 1.0
+                    row[m + " (mean)"], row[m + " (std)"] = scale * stats[m][0], scale * stats[m][1]
             rows.append(row)
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
-        cols = ["block", "point", "seeds", *[m for m in exp.metrics if any(m in r for r in rows)]]
+        cols = table_columns(exp, rows)
         md = [f"# {name}", "", exp.description, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
         (folder / "table.md").write_text("\n".join(md) + "\n")
@@ -58,6 +58,13 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
         folders.append(folder)
     return folders
+
+
+def table_columns(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
+    """The columns of an experiment's table: the point, then each metric with its variants
+    (:func:`fedtailor.report.metric_variants`) that some row has."""
+    variants = [k for m in exp.metrics for k in metric_variants(m)]
+    return ["block", "point", "seeds", *[k for k in variants if any(k in r for r in rows)]]
 
 
 def _pyplot() -> Any:
@@ -149,7 +156,7 @@ def html_report(folders: list[Path], *, out: Path, registry: Mapping[str, Experi
         )
         with (folder / "table.csv").open() as fh:
             rows = list(csv.DictReader(fh))
-        cols = ["block", "point", "seeds", *[m for m in exp.metrics if rows and m in rows[0]]]
+        cols = table_columns(exp, rows)
         parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
         parts.append("</table>")
