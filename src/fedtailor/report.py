@@ -55,7 +55,7 @@ def summary_groups(summary: dict[str, Any]) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for key in summary:
         group, _, metric = key.partition("/")
-        if metric and "/" not in metric and metric != "clients" and group not in ("best", "chosen"):
+        if metric and "/" not in metric and group not in ("best", "chosen"):
             groups.setdefault(group, []).append(metric)
     return groups
 
@@ -70,7 +70,7 @@ def distribution_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     for group, metrics in summary_groups(summary).items():
         for metric in metrics:
             key = f"{group}/{metric}"
-            row = {"group": group, "metric": metric, "clients": summary.get(f"{group}/clients", "?")}
+            row = {"group": group, "metric": metric, "clients": int(summary.get(f"{key}/n", 0)) or "?"}
             row["mean"] = _pct(summary[key], key)
             for stat in STATISTICS:
                 row[stat] = _pct(summary[f"{key}/{stat}"], key) if f"{key}/{stat}" in summary else "-"
@@ -110,7 +110,7 @@ def summary_lines(results: Results) -> list[str]:
         key = f"{group}/accuracy"
         if key not in s:
             continue
-        n = s.get(f"{group}/clients") or sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
+        n = s.get(f"{key}/n") or sum(1 for r in results["per_client"] if r["seen"] == (group == "seen"))
         line = f"  {group.capitalize():6s} accuracy {100 * s[key]:.2f}% (mean over {int(n)} clients)"
         if f"{key}/std" in s:
             line += (

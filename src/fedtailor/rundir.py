@@ -43,7 +43,7 @@ class Results(TypedDict, total=False):
     no ``from __future__ import annotations``, which would hide ``Required`` from ``__required_keys__``).
 
     ``summary``: the final evaluation summarized over clients per group (``seen/accuracy`` the mean over seen
-    clients, ``seen/accuracy/std``, ``/p10``, ``/ci95_lo``, ``/ci95_hi``, ``seen/clients``; groups ``seen``,
+    clients, ``seen/accuracy/std``, ``/p10``, ``/ci95_lo``, ``/ci95_hi``, ``/n``; groups ``seen``,
     ``future``, ``all``: :func:`fedtailor.fl.loop.summarize`), and from the rounds evaluated every
     ``eval_every`` rounds ``best_round`` with ``best/...`` (the round best on the test metric: optimistic) and
     ``chosen_round`` with ``chosen/...`` (the round best on the validation split, ``data.validation_mode =

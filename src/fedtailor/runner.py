@@ -200,8 +200,7 @@ def _write_results(out: Path, cfg: RunConfig, setup: Any, method: Any, result: A
         {
             "client": cid,
             "seen": setup.clients[cid].seen,
-            **result.evaluation[cid],
-            "num_examples": int(result.evaluation[cid]["num_examples"]),
+            **{k: int(v) if k.endswith("num_examples") else v for k, v in result.evaluation[cid].items()},
         }
         for cid in sorted(result.evaluation)
     ]

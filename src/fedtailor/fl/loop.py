@@ -73,10 +73,10 @@ def client_statistics(values: Sequence[float]) -> dict[str, float]:
     ``GROUP/METRIC`` in a summary: ``""`` the mean, ``"/std"`` the sample standard deviation (ddof 1),
     ``"/p10"`` the 10th percentile (numpy's linear interpolation between order statistics), and
     ``"/ci95_lo"``, ``"/ci95_hi"`` a 95% interval for the mean over clients by Student's t on the client values
-    (mean +- t(0.975, n - 1) * std / sqrt(n); no resampling, so it is deterministic). With one client there is
-    no spread: std and the interval are left out."""
+    (mean +- t(0.975, n - 1) * std / sqrt(n); no resampling, so it is deterministic), ``"/n"`` the number of
+    clients n. With one client there is no spread: std and the interval are left out."""
     v = np.asarray(values, dtype=np.float64)
-    out = {"": float(v.mean()), "/p10": float(np.percentile(v, 10))}
+    out = {"": float(v.mean()), "/p10": float(np.percentile(v, 10)), "/n": v.size}
     if v.size > 1:
         std = float(v.std(ddof=1))
         half = float(stdtrit(v.size - 1, 0.975)) * std / math.sqrt(v.size)
@@ -93,14 +93,13 @@ def summarize(
     """Per-client metrics summarized over each group of clients (:data:`GROUPS`: seen, unseen (Future) and all
     evaluated clients; a group without evaluated clients is left out). Each client counts once, whatever its
     number of records (its metrics are already means over its records). For every metric ``M`` of a group
-    ``G``: ``G/M`` the mean over clients, and ``G/M/std``, ``G/M/p10``, ``G/M/ci95_lo``, ``G/M/ci95_hi``
-    (:func:`client_statistics`); ``G/clients``: how many clients were evaluated."""
+    ``G``: ``G/M`` the mean over the group's clients that report ``M``, and ``G/M/std``, ``G/M/p10``,
+    ``G/M/ci95_lo``, ``G/M/ci95_hi`` and ``G/M/n`` (:func:`client_statistics`)."""
     out: dict[str, float] = {}
     for group, member in groups.items():
         members = [c for c in evaluation if member(clients[c])]
         if not members:
             continue
-        out[f"{group}/clients"] = len(members)
         keys = sorted({k for c in members for k in evaluation[c] if not k.endswith("num_examples")})
         for k in keys:
             stats = client_statistics([evaluation[c][k] for c in members if k in evaluation[c]])
