@@ -2,7 +2,9 @@
 
 import json
 
+import numpy as np
 import pytest
+import scipy.stats
 
 from fedtailor.cli import main
 
@@ -29,6 +31,56 @@ def test_run_writes_a_complete_run_directory_and_report(tmp_path, capsys, tiny):
     assert json.loads((out / "config.json").read_text())["federation"]["rounds"] == 4
     assert main(["report", str(out), "--no-plots"]) == 0
     assert "per-client results" in capsys.readouterr().out
+
+
+def test_results_and_report_carry_the_distribution_and_the_final_best_and_chosen_rounds(tmp_path, capsys, tiny):
+    """Validation beside the test split: every round evaluated on both; the summary holds the final round's
+    distribution over clients, the best round (on test) and the round chosen on validation, read back from the
+    run's own per-round records; the report prints them."""
+    out = tmp_path / "run"
+    sets = ["data.validation=0.3", 'data.validation_mode="alongside"', "federation.eval_every=1"]
+    args = ["run", *tiny, "--out", str(out), "--no-progress", "--no-plots"]
+    assert main([*args, *(x for s in sets for x in ("--set", s))]) == 0
+    capsys.readouterr()
+    results = json.loads((out / "results.json").read_text())
+    s, clients = results["summary"], results["per_client"]
+    seen = [c for c in clients if c["seen"]]
+    assert len(clients) == 6 and all("val_accuracy" in c for c in seen)  # the unseen client is still evaluated
+    assert not any("val_accuracy" in c for c in clients if not c["seen"])
+    acc = np.array([c["accuracy"] for c in seen])
+    assert s["seen/accuracy"] == pytest.approx(acc.mean()) and s["seen/accuracy/n"] == 5
+    assert s["seen/accuracy/std"] == pytest.approx(acc.std(ddof=1))
+    assert s["seen/accuracy/p10"] == pytest.approx(np.percentile(acc, 10))
+    half = scipy.stats.t.ppf(0.975, 4) * acc.std(ddof=1) / np.sqrt(5)
+    assert (s["seen/accuracy/ci95_lo"], s["seen/accuracy/ci95_hi"]) == pytest.approx(
+        (acc.mean() - half, acc.mean() + half)
+    )
+    assert s["all/accuracy/n"] == 6 and "future/accuracy/std" not in s  # one unseen client: no spread
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    best = max(history, key=lambda r: r["seen/accuracy"])
+    chosen = max(history, key=lambda r: r["seen/val_accuracy"])
+    assert s["best_round"] == best["round"] and s["best/seen/accuracy"] == pytest.approx(best["seen/accuracy"])
+    assert s["chosen_round"] == chosen["round"]
+    assert s["chosen/seen/accuracy"] == pytest.approx(chosen["seen/accuracy"])
+    assert s["chosen/future/accuracy"] == pytest.approx(chosen["future/accuracy"])
+    assert history[-1]["seen/accuracy"] == pytest.approx(s["seen/accuracy"])  # the final round's evaluation
+    assert not any(k.startswith("seen/") for k in results["round_totals"])
+    assert main(["report", str(out), "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    assert f"p10 {100 * s['seen/accuracy/p10']:.2f}%" in text and "95% interval of the mean" in text
+    assert "val_accuracy" in text and "ci95_lo" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.split()[:1] in (["best"], ["chosen"])}
+    assert rows["best"][1] == str(s["best_round"]) and rows["chosen"][1] == str(s["chosen_round"])
+    assert rows["chosen"][2] == f"{100 * s['chosen/seen/accuracy']:.2f}%"
+
+
+def test_a_validation_split_for_tuning_still_replaces_the_test_split(tmp_path, tiny):
+    out = tmp_path / "run"
+    assert main(["run", *tiny, "--out", str(out), "--no-progress", "--no-plots", "--set", "data.validation=0.3"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [c["seen"] for c in results["per_client"]] == [True] * 5  # no test or query record is evaluated
+    assert "chosen_round" not in results["summary"] and "future/accuracy" not in results["summary"]
+    assert not any("val_" in k for k in results["per_client"][0])
 
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path, tiny):

@@ -56,6 +56,17 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
         for s in (1, 2)
     ]
     assert float(rows[0]["seen/accuracy (mean)"]) == pytest.approx(sum(accs) / 2)
+    # beside the final mean: each run's 10th percentile over clients and its best round, mean +- std over seeds
+    header = (folders[0] / "table.md").read_text().splitlines()[4]
+    assert "| seen/accuracy | seen/accuracy/p10 | best/seen/accuracy |" in header
+    p10 = [
+        100
+        * json.loads((out / "tiny" / "lr" / "lr=0.05" / f"seed{s}" / "results.json").read_text())["summary"][
+            "seen/accuracy/p10"
+        ]
+        for s in (1, 2)
+    ]
+    assert rows[0]["seen/accuracy/p10"].startswith(f"{sum(p10) / 2:.2f} +- ")
     report = rp.html_report(folders, out=out, registry=registry)
     assert all((folders[0] / f).exists() for f in ("table.md", "accuracy.png", "trend.png"))
     # a second call skips every finished run

@@ -383,3 +383,17 @@ def test_table_and_plot(tmp_path: Path) -> None:
     assert first[1] == role
     out = plot_partition(BALANCED, p, tmp_path / "sub" / "part.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_validation_split_replaces_or_sits_beside_the_test_split() -> None:
+    base = federated_partition(BALANCED, num_clients=10, num_unseen=2, context_size=20, seed=41)
+    replaced = partition.holdout_validation(base, fraction=0.2, seed=41)
+    beside = partition.holdout_validation(base, fraction=0.2, seed=41, alongside=True)
+    for b, r, a in zip(base.clients, replaced.clients, beside.clients):
+        if not b.seen:  # unseen: not evaluated when the split replaces the test one, their query set otherwise
+            assert r.eval.size == 0 and np.array_equal(a.eval, b.eval) and a.val.size == 0
+            continue
+        assert np.array_equal(a.val, r.eval) and a.val.size == round(0.2 * b.train.size)  # the same records
+        assert np.array_equal(a.train, r.train) and np.array_equal(a.eval, b.eval) and r.val.size == 0
+        assert np.array_equal(np.union1d(a.train, a.val), b.train) and np.intersect1d(a.val, b.context).size == 0
+        assert np.array_equal(a.records, b.records)

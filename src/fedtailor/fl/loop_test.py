@@ -12,7 +12,7 @@ import torch
 from fedtailor.data.datasets import load_dataset
 from fedtailor.data.partition import federated_partition
 from fedtailor.experiment import client_data
-from fedtailor.fl.loop import run_federated, summarize
+from fedtailor.fl.loop import chosen_rounds, client_statistics, evaluate_client, run_federated, summarize
 from fedtailor.fl.records import ClientData, InvalidMessage, Message
 from fedtailor.fl.schedule import participation_counts, uniform_schedule
 from fedtailor.methods.pfl.fedavg import FedAvg
@@ -194,6 +194,79 @@ def test_summary_averages_within_a_client_first():
     s = summarize(evaluation, clients)
     assert s["seen/accuracy"] == pytest.approx(0.5)  # not the record-weighted 0.990
     assert s["future/accuracy"] == pytest.approx(0.25)
+
+
+def test_client_statistics_match_an_independent_computation():
+    import statistics
+
+    from scipy import stats
+
+    vals = [0.9, 0.1, 0.5, 0.3, 0.8, 0.6, 0.2]
+    s = client_statistics(vals)
+    ordered = sorted(vals)  # p10: linear interpolation at rank 0.1 * (n - 1) = 0.6 between the two lowest
+    assert s["/p10"] == pytest.approx(ordered[0] + 0.6 * (ordered[1] - ordered[0]))
+    assert s["/p10"] == pytest.approx(0.16)
+    assert s[""] == pytest.approx(statistics.mean(vals)) and s["/std"] == pytest.approx(statistics.stdev(vals))
+    lo, hi = stats.t.interval(0.95, len(vals) - 1, loc=np.mean(vals), scale=stats.sem(vals))
+    assert (s["/ci95_lo"], s["/ci95_hi"]) == (pytest.approx(lo), pytest.approx(hi))
+    assert s["/ci95_hi"] - s[""] == pytest.approx(2.4469 * statistics.stdev(vals) / math.sqrt(7), rel=1e-4)
+    assert s["/n"] == 7
+    one = client_statistics([0.4])  # one client: no spread to report
+    assert one == {"": 0.4, "/p10": 0.4, "/n": 1}
+
+
+def test_summary_has_the_distribution_per_group_and_takes_other_groups():
+    clients = {c: ClientData(c, c < 4) for c in range(6)}
+    acc = [0.9, 0.1, 0.5, 0.3, 0.8, 0.6]
+    evaluation = {c: {"accuracy": acc[c], "loss": 1.0 + c, "num_examples": 10.0} for c in range(6)}
+    evaluation[0].update(val_accuracy=0.7, val_num_examples=5.0)
+    s = summarize(evaluation, clients)
+    for group, members in (("seen", [0, 1, 2, 3]), ("future", [4, 5]), ("all", range(6))):
+        expect = client_statistics([acc[c] for c in members])
+        assert {k: s[f"{group}/accuracy{k}"] for k in expect} == pytest.approx(expect)
+    assert s["seen/val_accuracy"] == 0.7 and s["seen/val_accuracy/n"] == 1 and "seen/val_accuracy/std" not in s
+    assert not any("num_examples" in k for k in s)
+    third = summarize(evaluation, clients, groups={"odd": lambda c: c.cid % 2 == 1})
+    assert set(third) == {
+        f"odd/{m}{k}" for m in ("accuracy", "loss") for k in ("", "/std", "/p10", "/ci95_lo", "/ci95_hi", "/n")
+    }
+    assert third["odd/accuracy"] == pytest.approx(np.mean([0.1, 0.3, 0.6]))
+
+
+def test_best_final_and_validation_chosen_rounds_differ():
+    history = [
+        {"round": 1, "loss": 2.0},
+        {"round": 2, "loss": 1.5, "seen/accuracy": 0.60, "seen/val_accuracy": 0.55, "future/accuracy": 0.50},
+        {"round": 3, "loss": 1.2},
+        {"round": 4, "loss": 1.0, "seen/accuracy": 0.80, "seen/val_accuracy": 0.60, "future/accuracy": 0.40},
+        {"round": 6, "loss": 0.9, "seen/accuracy": 0.70, "seen/val_accuracy": 0.65, "future/accuracy": 0.45},
+        {"round": 8, "loss": 0.8, "seen/accuracy": 0.75, "seen/val_accuracy": 0.65, "future/accuracy": 0.30},
+    ]
+    out = chosen_rounds(history)
+    assert out["best_round"] == 4 and out["best/seen/accuracy"] == 0.80 and out["best/future/accuracy"] == 0.40
+    # the highest validation mean is tied at rounds 6 and 8: the earlier is chosen, and its test figures reported
+    assert out["chosen_round"] == 6 and out["chosen/seen/accuracy"] == 0.70 and out["chosen/future/accuracy"] == 0.45
+    assert "best/loss" not in out and "chosen/loss" not in out  # training figures are not evaluation figures
+    assert history[-1]["seen/accuracy"] not in (out["best/seen/accuracy"], out["chosen/seen/accuracy"])  # final
+    no_val = chosen_rounds([{k: v for k, v in r.items() if "val_" not in k} for r in history])
+    assert no_val["best_round"] == 4 and "chosen_round" not in no_val
+    assert chosen_rounds([{"round": 1, "loss": 1.0}]) == {}
+
+
+def test_a_client_with_validation_records_reports_both():
+    class Counter:
+        def client_evaluate(self, msg, state, data):
+            return {"accuracy": float(sum(data.eval)), "num_examples": float(len(data.eval))}
+
+    plain = ClientData(0, True, train=[9], eval=[1, 0, 1])
+    assert evaluate_client(Counter(), None, None, plain) == {"accuracy": 2.0, "num_examples": 3.0}
+    both = ClientData(0, True, train=[9], eval=[1, 0, 1], val=[1, 1, 1, 1])
+    assert evaluate_client(Counter(), None, None, both) == {
+        "accuracy": 2.0,
+        "num_examples": 3.0,
+        "val_accuracy": 4.0,
+        "val_num_examples": 4.0,
+    }
 
 
 def test_schedule_is_fixed_by_the_seed_and_uniform():
