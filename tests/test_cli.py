@@ -129,6 +129,7 @@ def test_sweep_aggregates_over_seeds_and_resumes(tmp_path, tiny, capsys, monkeyp
     ]
     mean = 100 * sum(per_seed) / 2
     assert rows[0]["seen/accuracy"].startswith(f"{mean:.2f} +- ")  # mean over seeds of per-client means
+    assert {"seen/accuracy/p10", "best/seen/accuracy", "future/accuracy"} <= set(rows[0])
     import fedtailor.sweep as sweep
 
     monkeypatch.setattr(sweep, "run_experiment", lambda *a, **k: pytest.fail("finished runs must be skipped"))
