@@ -177,7 +177,8 @@ class RunConfig(Section):
                 f"clients ({seen} = data.num_clients - data.num_unseen)."
             )
         finetune = getattr(self.method, "unseen_finetune_epochs", 0)
-        if finetune and self.data.num_unseen and not self.data.context_size and not self.data.validation:
+        unseen_evaluated = not self.data.validation or self.data.validation_mode == "alongside"
+        if finetune and self.data.num_unseen and not self.data.context_size and unseen_evaluated:
             raise ValueError(
                 f"method.unseen_finetune_epochs = {finetune} fine-tunes each unseen client on its labelled context "
                 "records, but data.context_size = 0 leaves it none; set data.context_size > 0 (e.g. 100) or "
