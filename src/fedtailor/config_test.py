@@ -63,3 +63,12 @@ def test_missing_file_and_yaml(tmp_path):
     y.write_text("seed: 43\nfederation:\n  rounds: 3\n")
     cfg = load_config(y)
     assert (cfg.seed, cfg.federation.rounds) == (43, 3)
+
+
+def test_validation_mode_and_the_unseen_fine_tuning_it_needs_a_context_for():
+    base = ['method.name="fedavg"', "data.context_size=0", "data.validation=0.2"]
+    assert load_config(None, base).data.validation_mode == "replace"  # unseen clients are not evaluated
+    with pytest.raises(ValueError, match="context_size"):  # beside the test split they are, so they need one
+        load_config(None, [*base, 'data.validation_mode="alongside"'])
+    with pytest.raises(ValueError, match="validation_mode"):
+        load_config(None, ['data.validation_mode="both"'])
