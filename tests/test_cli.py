@@ -180,7 +180,9 @@ def test_every_shipped_config_loads():
             assert cfg.data.dataset == "hh-rlhf" and cfg.federation.rounds == 80 and cfg.method.beta == 0.2, path
             assert (cfg.data.num_clients, cfg.data.pairs_per_client, cfg.method.local_steps) == (5, 120, 3), path
             continue
-        assert cfg.data.dataset in ("mnist", "fashion-mnist"), path
+        assert cfg.data.dataset in ("mnist", "fashion-mnist", "cifar10"), path
+        if cfg.data.dataset == "cifar10":  # the paper's second task, read from the files a user fetched
+            assert cfg.data.root and cfg.method.lr == 0.2, path
         if cfg.method.name == "compact":
             assert cfg.method.privacy.randomness == "simulation", path
             assert cfg.method.variant in COMPACT_VARIANTS, path

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment, Tuning
 from fedtailor.reproduce.execute import execute
-from fedtailor.reproduce.plan import Run, listing, plan
+from fedtailor.reproduce.plan import Run, listing, load_choices, plan
 from fedtailor.reproduce.report import html_report, tables
-from fedtailor.reproduce.tune import choose, load_choices, plan_tuning
+from fedtailor.reproduce.tune import choose, plan_tuning
 
 __all__ = [
     "EXPERIMENTS",

@@ -5,6 +5,7 @@ a link to the first; a run that reads another (``Block.needs``) is planned after
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,33 @@ def config_path(config: str) -> str:
     return str(beside) if beside.exists() else config
 
 
+#: Where committed choices live, beside the configs (``configs/tuned/NAME.json``).
+COMMITTED = "configs/tuned"
+CHOICES = "choices.json"
+
+
+def tuning_dir(out: Path, name: str) -> Path:
+    """The folder of an experiment's tuning runs and choices."""
+    return Path(out) / name / "tuning"
+
+
+def load_choices(name: str, *, out: Path, quick: bool) -> dict[str, dict[str, str]]:
+    """The chosen overrides of experiment ``name`` by point (``block/point``): from ``OUT/NAME/tuning/choices.json``
+    when the output folder has its own made at this scale (``--quick`` or not), else the committed
+    ``configs/tuned/NAME.json``, else none."""
+    for path in (tuning_dir(out, name) / CHOICES, Path(config_path(f"{COMMITTED}/{name}.json"))):
+        if not path.exists():
+            continue
+        try:
+            record = json.loads(path.read_text())
+            if path.parent != Path(config_path(COMMITTED)) and bool(record["quick"]) != quick:
+                continue  # choices of the other scale in this output folder
+            return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in record["choices"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path} is not a tuning choices file ({err}); delete it or run --tune again.") from None
+    return {}
+
+
 def everything(registry: Mapping[str, Experiment]) -> list[str]:
     """What ``all`` names: every experiment but those that need data a user fetches first (``outside_all``)."""
     return [name for name, exp in registry.items() if not exp.outside_all]
@@ -84,7 +112,6 @@ def plan(
     validated now (a bad point fails before any run). A point of an experiment with a tuning stage runs with its
     tuned values when there are choices (:func:`fedtailor.reproduce.tune.load_choices`)."""
     from fedtailor.experiment import check_data_name
-    from fedtailor.reproduce.tune import load_choices
 
     if seeds is not None:
         _once(seeds, "--seeds", "seed")

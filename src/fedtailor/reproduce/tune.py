@@ -6,7 +6,7 @@ tuned for another.
 
 The tuning runs are ordinary run directories ``OUT/NAME/tuning/<block>/<point>_<tuning point>/seed<S>``. The
 choices are written to ``OUT/NAME/tuning/choices.json`` (with every score) and ``tuning.csv``; committed as
-``configs/tuned/NAME.json`` they are what a plain ``fedtailor reproduce NAME`` uses (:func:`load_choices`: the
+``configs/tuned/NAME.json`` they are what a plain ``fedtailor reproduce NAME`` uses (:func:`.plan.load_choices`: the
 output folder's own choices first, then the committed ones). A point without a choice runs at its config's values.
 """
 
@@ -21,36 +21,10 @@ from pathlib import Path
 
 from fedtailor.config import load_config
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
-from fedtailor.reproduce.plan import Run, config_path, everything, unit_key
+from fedtailor.reproduce.plan import CHOICES, Run, config_path, everything, tuning_dir, unit_key
 from fedtailor.rundir import point_dir, read_results, slug
 
 log = logging.getLogger(__name__)
-
-#: Where committed choices live, beside the configs (``configs/tuned/NAME.json``).
-COMMITTED = "configs/tuned"
-CHOICES = "choices.json"
-
-
-def tuning_dir(out: Path, name: str) -> Path:
-    """The folder of an experiment's tuning runs and choices."""
-    return Path(out) / name / "tuning"
-
-
-def load_choices(name: str, *, out: Path, quick: bool) -> dict[str, dict[str, str]]:
-    """The chosen overrides of experiment ``name`` by point (``block/point``): from ``OUT/NAME/tuning/choices.json``
-    when the output folder has its own made at this scale (``--quick`` or not), else the committed
-    ``configs/tuned/NAME.json``, else none."""
-    for path in (tuning_dir(out, name) / CHOICES, Path(config_path(f"{COMMITTED}/{name}.json"))):
-        if not path.exists():
-            continue
-        try:
-            record = json.loads(path.read_text())
-            if path.parent != Path(config_path(COMMITTED)) and bool(record["quick"]) != quick:
-                continue  # choices of the other scale in this output folder
-            return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in record["choices"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{path} is not a tuning choices file ({err}); delete it or run --tune again.") from None
-    return {}
 
 
 def plan_tuning(
