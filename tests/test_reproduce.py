@@ -32,6 +32,7 @@ def registry(tmp_path):
         quick=("federation.rounds=2",),
         seeds=(1, 2),
         x_axis="lr",
+        reference=("method.lr", "0.05"),
     )
     return {"tiny": exp}
 
@@ -67,6 +68,26 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
         for s in (1, 2)
     ]
     assert rows[0]["seen/accuracy/p10"].startswith(f"{sum(p10) / 2:.2f} +- ")
+    # the paired difference from the reference point, by seed and by (seed, client), from the run files
+    (paired,) = [r for r in csv.DictReader((folders[0] / "paired.csv").open()) if r["metric"] == "seen/accuracy"]
+    runs_of = {
+        lr: [out / "tiny" / "lr" / f"lr={lr}" / f"seed{s}" / "results.json" for s in (1, 2)] for lr in ("0.05", "0.2")
+    }
+    res = {lr: [json.loads(f.read_text()) for f in files] for lr, files in runs_of.items()}
+    per_seed = [
+        100 * (b["summary"]["seen/accuracy"] - a["summary"]["seen/accuracy"]) for a, b in zip(res["0.05"], res["0.2"])
+    ]
+    assert paired["point"] == "lr=0.2" and paired["reference"] == "lr/lr=0.05" and paired["seeds"] == "2"
+    assert float(paired["mean"]) == pytest.approx(sum(per_seed) / 2, abs=0.006)
+    assert paired["per seed"] == " ".join(f"{d:+.2f}" for d in per_seed)
+    client_diffs = [
+        100 * (cb["accuracy"] - ca["accuracy"])
+        for a, b in zip(res["0.05"], res["0.2"])
+        for ca, cb in zip(a["per_client"], b["per_client"])
+        if ca["seen"]
+    ]
+    lo, hi = (float(x) for x in paired["clients ci95"].strip("[]").split(","))
+    assert int(paired["client pairs"]) == len(client_diffs) and lo <= sum(client_diffs) / len(client_diffs) <= hi
     report = rp.html_report(folders, out=out, registry=registry)
     assert all((folders[0] / f).exists() for f in ("table.md", "accuracy.png", "trend.png"))
     # a second call skips every finished run

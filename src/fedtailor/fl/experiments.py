@@ -83,6 +83,7 @@ class Experiment:
     log_x: bool = False
     tuning: Tuning | None = None
     outside_all: str = ""
+    reference: tuple[str, str] | None = None
 
 
 _EXPERIMENTS: dict[str, tuple[str, Experiment]] = {}  # name -> (registering module, experiment)

@@ -3,22 +3,28 @@
 clients and its best and validation-chosen round's mean where the runs have them), ``accuracy.png`` (a bar per
 point with the seed spread) and ``trend.png`` where the experiment has a numeric axis (each metric against eps,
 alpha or k, as the papers' figures); and ``OUT/report.html`` linking every experiment with its tables and images
-inline (one file, no external resources)."""
+inline (one file, no external resources). An experiment with a ``reference`` point also gets ``paired.md`` and
+``paired.csv``: each point's difference from its reference, paired by seed (mean, a Student-t 95% interval over
+seeds, the per-seed differences) and by (seed, client) (a percentile-bootstrap 95% interval over those pairs)."""
 
 from __future__ import annotations
 
 import base64
 import csv
 import html
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy.special import stdtrit
+
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
 from fedtailor.report import aggregate_seeds, is_accuracy, metric_variants, seed_cells
 from fedtailor.reproduce.plan import Run
-from fedtailor.rundir import slug
+from fedtailor.rundir import Point, read_results, slug
 
 
 def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = EXPERIMENTS) -> list[Path]:
@@ -53,11 +59,121 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
+        if exp.reference is not None:
+            _paired_tables([r for r in runs if r.experiment == name and r.done], exp, folder)
         _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
         if exp.x_axis and rows:
             _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
         folders.append(folder)
     return folders
+
+
+def paired_difference(
+    ours: Mapping[int, Path], ref: Mapping[int, Path], metric: str, *, resamples: int = 10_000
+) -> dict[str, Any] | None:
+    """``metric`` (``GROUP/NAME`` of a run's summary) of the runs ``ours`` minus that of ``ref`` (both by seed), on
+    the seeds they share: the mean difference over seeds with a Student-t 95% interval (two seeds at least), the
+    per-seed differences, and a percentile-bootstrap 95% interval of the mean difference over the (seed, client)
+    pairs of the group's clients present in both (``resamples`` draws from a generator seeded with 0: the same
+    files give the same interval). None when they share no seed or the metric is missing."""
+    seeds = sorted(set(ours) & set(ref))
+    group, _, name = metric.partition("/")
+    diffs, pairs = [], []
+    for seed in seeds:
+        a, b = read_results(ours[seed]), read_results(ref[seed])
+        if metric not in a["summary"] or metric not in b["summary"]:
+            return None
+        diffs.append(float(a["summary"][metric]) - float(b["summary"][metric]))
+        per_b = {c["client"]: c for c in b["per_client"] if _in_group(c, group) and name in c}
+        pairs += [
+            float(c[name]) - float(per_b[c["client"]][name])
+            for c in a["per_client"]
+            if c["client"] in per_b and _in_group(c, group) and name in c
+        ]
+    if not diffs:
+        return None
+    scale = 100.0 if name.endswith("accuracy") else 1.0
+    out: dict[str, Any] = {"seeds": len(diffs), "mean": scale * float(np.mean(diffs))}
+    out["per seed"] = " ".join(f"{scale * d:+.2f}" for d in diffs)
+    if len(diffs) > 1:
+        half = float(stdtrit(len(diffs) - 1, 0.975)) * float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
+        out["seeds ci95"] = f"[{out['mean'] - scale * half:+.2f}, {out['mean'] + scale * half:+.2f}]"
+    if len(pairs) > 1:
+        v = np.asarray(pairs)
+        means = v[np.random.default_rng(0).integers(0, v.size, size=(resamples, v.size))].mean(axis=1)
+        lo, hi = np.percentile(means, [2.5, 97.5])
+        out["client pairs"] = v.size
+        out["clients ci95"] = f"[{scale * lo:+.2f}, {scale * hi:+.2f}]"
+    out["mean"] = f"{out['mean']:+.2f}"
+    return out
+
+
+def _in_group(client: Mapping[str, Any], group: str) -> bool:
+    """Whether a per-client row belongs to a summary group (seen, future or all)."""
+    return group == "all" or bool(client["seen"]) == (group == "seen")
+
+
+def _reference_of(block: str, point: Point, points: list[tuple[str, Point]], ref: tuple[str, str]) -> Any:
+    """The (block, point) ``point`` is compared with: its other grid values and ``ref``'s, in the same block, else
+    the one such point in another block; None for the reference itself or when there is none."""
+    if dict(point).get(ref[0]) == ref[1]:
+        return None
+    want = {**{k: v for k, v in point if k != ref[0]}, ref[0]: ref[1]}
+    matches = [(b, p) for b, p in points if dict(p) == want]
+    same = [(b, p) for b, p in matches if b == block]
+    return same[0] if same else matches[0] if len(matches) == 1 else None
+
+
+def _paired_tables(runs: list[Run], exp: Experiment, folder: Path) -> None:
+    """paired.md and paired.csv: every point against its reference point, for each of the experiment's metrics."""
+    assert exp.reference is not None
+    by_point: dict[tuple[str, Point], dict[int, Path]] = {}
+    for r in runs:
+        by_point.setdefault((r.block, r.point), {})[r.seed] = r.out
+    rows = []
+    for (block, point), dirs in by_point.items():
+        ref = _reference_of(block, point, list(by_point), exp.reference)
+        if ref is None:
+            continue
+        for metric in exp.metrics:
+            diff = paired_difference(dirs, by_point[ref], metric)
+            if diff is not None:
+                rows.append(
+                    {
+                        "block": block,
+                        "point": slug(point),
+                        "reference": f"{ref[0]}/{slug(ref[1])}",
+                        "metric": metric,
+                        **diff,
+                    }
+                )
+    cols = [
+        "block",
+        "point",
+        "reference",
+        "metric",
+        "seeds",
+        "mean",
+        "seeds ci95",
+        "per seed",
+        "client pairs",
+        "clients ci95",
+    ]
+    md = [
+        f"# {exp.name}: paired differences",
+        "",
+        "Each point minus its reference (accuracies in points), paired "
+        "by seed (Student-t 95% interval over seeds) and by (seed, client) (percentile bootstrap).",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
+    (folder / "paired.md").write_text("\n".join(md) + "\n")
+    with (folder / "paired.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def table_columns(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
@@ -160,6 +276,16 @@ def html_report(folders: list[Path], *, out: Path, registry: Mapping[str, Experi
         parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
         parts.append("</table>")
+        if (folder / "paired.csv").exists():
+            with (folder / "paired.csv").open() as fh:
+                paired = list(csv.DictReader(fh))
+            if paired:
+                parts.append("<h3>Paired differences from the reference point</h3><table><tr>")
+                parts[-1] += "".join(f"<th>{html.escape(c)}</th>" for c in paired[0]) + "</tr>"
+                parts += [
+                    "<tr>" + "".join(f"<td>{html.escape(v or '')}</td>" for v in r.values()) + "</tr>" for r in paired
+                ]
+                parts.append("</table>")
         for png in (folder / "accuracy.png", folder / "trend.png"):
             if png.exists():
                 data = base64.b64encode(png.read_bytes()).decode()

@@ -13,6 +13,7 @@ COMPACT_QUICK = ("federation.rounds=10", "federation.eval_every=0", "data.limit=
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
 # every variant and control its own peak step (cosine decay), from one grid around the configs' 0.1, chosen on a
 # validation split of the seen clients' training records (seed 41, the full number of rounds)
+OURS = ("method.variant", "ours-dg")  # the point every other variant is compared with (paired.md)
 COMPACT_TUNING = Tuning(grid=(("method.lr", ("0.03", "0.1", "0.3", "1.0")),))
 
 
@@ -50,6 +51,7 @@ def _table1(data: str, head: str, *, outside_all: str = "") -> Experiment:
         x_axis="block",
         log_x=True,
         outside_all=outside_all,
+        reference=OURS,
     )
 
 
@@ -65,6 +67,7 @@ def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
             "restores the private context) at eps 16 and without noise",
             _controls_blocks(eps16),
             quick=COMPACT_QUICK,
+            reference=("method.variant", "factorized"),
             tuning=COMPACT_TUNING,
         ),
         Experiment(
@@ -82,6 +85,7 @@ def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
             ),
             quick=COMPACT_QUICK,
             tuning=COMPACT_TUNING,
+            reference=OURS,
             x_axis="alpha",
             log_x=True,
         ),
@@ -125,6 +129,7 @@ def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
                 "uplink_payload_MB",
                 "encode_ms_mean",
             ),
+            reference=OURS,
         ),
     )
 

@@ -32,6 +32,7 @@ register_experiment(
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
         seeds=(41,),
+        reference=("method.name", "pfeddpo"),  # FedDPO and centralized DPO against pFedDPO, client by client
     ),
     Experiment(
         "pfeddpo-rank",

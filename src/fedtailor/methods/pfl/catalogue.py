@@ -39,6 +39,7 @@ register_experiment(
         quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
         metrics=("seen/accuracy",),
         tuning=FEDLAG_TUNING,
+        reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
     ),
     Experiment(
         "fedlag-fmnist",
@@ -47,6 +48,7 @@ register_experiment(
         quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
         metrics=("seen/accuracy",),
         tuning=FEDLAG_TUNING,
+        reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
     ),
     Experiment(
         "fedlag-fmnist-reduced",
@@ -74,6 +76,7 @@ register_experiment(
         quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
         metrics=("seen/accuracy",),
         tuning=FEDLAG_TUNING,
+        reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
     ),
     module=__name__,
 )
