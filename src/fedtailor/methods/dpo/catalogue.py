@@ -15,57 +15,62 @@ DPO_QUICK = (
 )
 DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
 
+SPLITS = ("data.preference_split", ("random", "length"))  # the paper's random partition; clients that differ
+SEEDS = (41, 42, 43)
+
 register_experiment(
     Experiment(
         "pfeddpo-hh",
-        "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2 (the "
-        "federated methods log kappa^2 every 10 rounds)",
+        "pFedDPO against vanilla FedDPO and centralized DPO on HH-RLHF with SmolLM2, 80 rounds, on the paper's "
+        "random partition and on the length split (the federated methods log kappa^2 every 10 rounds)",
         (
             Block(
                 "federated",
                 "configs/pfeddpo/hh-rlhf.toml",
-                (("method.name", ("pfeddpo", "feddpo")),),
+                (SPLITS, ("method.name", ("pfeddpo", "feddpo"))),
                 ("method.diagnostics_every=10",),
             ),
-            Block("central", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("dpo-central",)),)),
+            Block("central", "configs/pfeddpo/hh-rlhf.toml", (SPLITS, ("method.name", ("dpo-central",)))),
         ),
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
-        seeds=(41,),
+        seeds=SEEDS,
         reference=("method.name", "pfeddpo"),  # FedDPO and centralized DPO against pFedDPO, client by client
     ),
     Experiment(
         "pfeddpo-rank",
-        "pFedDPO's LoRA rank (4, 8, 16) on HH-RLHF with SmolLM2, 10 rounds",
+        "pFedDPO's LoRA rank (2, 4, 8, 16) on HH-RLHF with SmolLM2, the paper's random partition, 40 rounds",
         (
             Block(
                 "rank",
                 "configs/pfeddpo/hh-rlhf.toml",
-                (("method.lora_rank", ("4", "8", "16")),),
-                ("federation.rounds=10",),
+                (("method.lora_rank", ("2", "4", "8", "16")),),
+                ("federation.rounds=40", 'data.preference_split="random"'),
             ),
         ),
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
-        seeds=(41,),
+        seeds=SEEDS,
         x_axis="lora_rank",
         log_x=True,
     ),
     Experiment(
         "pfeddpo-participation",
-        "pFedDPO with S = 2, 3, 5 of the 5 clients per round on HH-RLHF with SmolLM2, 10 rounds",
+        "pFedDPO and FedDPO with S = 1, 3, 5 of the 5 clients per round on HH-RLHF with SmolLM2, the paper's "
+        "random partition, 40 rounds",
         (
             Block(
                 "participation",
                 "configs/pfeddpo/hh-rlhf.toml",
-                (("federation.clients_per_round", ("2", "3", "5")),),
-                ("federation.rounds=10",),
+                (("method.name", ("pfeddpo", "feddpo")), ("federation.clients_per_round", ("1", "3", "5"))),
+                ("federation.rounds=40", 'data.preference_split="random"'),
             ),
         ),
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
-        seeds=(41,),
+        seeds=SEEDS,
         x_axis="clients_per_round",
+        reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO at each S
     ),
     module=__name__,
 )
