@@ -33,6 +33,7 @@ def registry(tmp_path):
         seeds=(1, 2),
         x_axis="lr",
         reference=("method.lr", "0.05"),
+        claims=(rp.Claim((("method.lr", "0.2"),), "seen/accuracy", "above", "a larger step learns more"),),
     )
     return {"tiny": exp}
 
@@ -80,6 +81,9 @@ def test_a_reproduction_runs_resumes_and_reports(tmp_path, registry, monkeypatch
     assert paired["point"] == "lr=0.2" and paired["reference"] == "lr/lr=0.05" and paired["seeds"] == "2"
     assert float(paired["mean"]) == pytest.approx(sum(per_seed) / 2, abs=0.006)
     assert paired["per seed"] == " ".join(f"{d:+.2f}" for d in per_seed)
+    lo, hi = (float(x) for x in paired["seeds ci95"].strip("[]").split(","))
+    expected = "reproduced" if lo > 0 else "not reproduced" if hi < 0 else "not settled (interval spans the claim)"
+    assert paired["paper"] == "a larger step learns more" and paired["verdict"] == expected
     client_diffs = [
         100 * (cb["accuracy"] - ca["accuracy"])
         for a, b in zip(res["0.05"], res["0.2"])
@@ -416,3 +420,24 @@ def test_the_cifar10_entry_runs_end_to_end_on_batches_in_the_real_format(tmp_pat
     results = json.loads((run_experiment(cfg, tmp_path / "run", progress=False) / "results.json").read_text())
     assert results["dataset"] == "cifar10" and results["rounds_completed"] == 2
     assert {"seen/accuracy", "future/accuracy"} <= set(results["summary"])
+
+
+@pytest.mark.parametrize(
+    ("expect", "interval", "verdict"),
+    [
+        ("above", "[+0.10, +2.00]", "reproduced"),
+        ("above", "[-2.00, -0.10]", "not reproduced"),
+        ("above", "[-0.50, +1.00]", "not settled (interval spans the claim)"),
+        ("below", "[-2.00, -0.10]", "reproduced"),
+        ("below", "[+0.10, +2.00]", "not reproduced"),
+        ("within", "[-0.30, +0.40]", "reproduced"),
+        ("within", "[+0.60, +1.50]", "not reproduced"),
+        ("within", "[-0.20, +0.90]", "not settled (interval spans the claim)"),
+    ],
+)
+def test_a_claims_verdict_reads_the_interval_over_seeds(expect, interval, verdict):
+    from fedtailor.reproduce.report import verdict as judge
+
+    claim = rp.Claim((("method.variant", "x"),), "seen/accuracy", expect, "paper", bound=0.5)
+    assert judge(claim, {"mean": "+0.00", "seeds ci95": interval}) == verdict
+    assert judge(claim, {"mean": "+5.00"}) == "not settled (one seed)"

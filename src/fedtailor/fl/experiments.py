@@ -20,6 +20,7 @@ import itertools
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 #: The built-in catalogues, one per method family (each registers its experiments when imported).
 CATALOGUE_MODULES = (
@@ -44,6 +45,22 @@ class Block:
     def points(self) -> list[tuple[tuple[str, str], ...]]:
         """Every combination of the grid's values, in grid order (one empty point without a grid)."""
         return list(itertools.product(*[[(k, v) for v in vals] for k, vals in self.grid])) if self.grid else [()]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim about a point against the experiment's reference point: the paired difference (point minus
+    reference) in ``metric`` is expected ``"above"`` zero, ``"below"`` zero, or ``"within"`` +-``bound`` (in the
+    table's unit: points for accuracies); ``point``: the grid values that pick the point (in ``block`` when given);
+    ``paper``: the paper's own figure, as it gives it. The verdict reads the 95% interval over seeds
+    (``fedtailor.reproduce.report.verdict``)."""
+
+    point: tuple[tuple[str, str], ...]
+    metric: str
+    expect: Literal["above", "below", "within"]
+    paper: str
+    bound: float = 0.0
+    block: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,7 @@ class Experiment:
     tuning: Tuning | None = None
     outside_all: str = ""
     reference: tuple[str, str] | None = None
+    claims: tuple[Claim, ...] = ()
 
 
 _EXPERIMENTS: dict[str, tuple[str, Experiment]] = {}  # name -> (registering module, experiment)

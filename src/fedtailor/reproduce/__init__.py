@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment, Tuning
+from fedtailor.fl.experiments import EXPERIMENTS, Block, Claim, Experiment, Tuning
 from fedtailor.reproduce.execute import execute
 from fedtailor.reproduce.plan import Run, listing, load_choices, plan
 from fedtailor.reproduce.report import html_report, tables
@@ -34,6 +34,7 @@ from fedtailor.reproduce.tune import choose, plan_tuning
 __all__ = [
     "EXPERIMENTS",
     "Block",
+    "Claim",
     "Experiment",
     "Outcome",
     "Run",

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from scipy.special import stdtrit
 
-from fedtailor.fl.experiments import EXPERIMENTS, Experiment
+from fedtailor.fl.experiments import EXPERIMENTS, Claim, Experiment
 from fedtailor.report import aggregate_seeds, is_accuracy, metric_variants, seed_cells
 from fedtailor.reproduce.plan import Run
 from fedtailor.rundir import Point, read_results, slug
@@ -120,8 +120,25 @@ def _reference_of(block: str, point: Point, points: list[tuple[str, Point]], ref
         return None
     want = {**{k: v for k, v in point if k != ref[0]}, ref[0]: ref[1]}
     matches = [(b, p) for b, p in points if dict(p) == want]
-    same = [(b, p) for b, p in matches if b == block]
-    return same[0] if same else matches[0] if len(matches) == 1 else None
+    for pick in ([m for m in matches if m[0] == block], [m for m in matches if block.startswith(m[0])], matches):
+        if len(pick) == 1:
+            return pick[0]
+    return None
+
+
+def verdict(claim: Claim, diff: Mapping[str, Any]) -> str:
+    """A claim's verdict from a paired difference: *reproduced* when the 95% interval over seeds lies on the claimed
+    side of zero (or, for ``within``, inside +-bound), *not reproduced* when it lies entirely on the other side (or
+    outside the bound), *not settled* when it straddles; with one seed there is no interval: *not settled*."""
+    if "seeds ci95" not in diff:
+        return "not settled (one seed)"
+    lo, hi = (float(x) for x in str(diff["seeds ci95"]).strip("[]").split(","))
+    if claim.expect == "within":
+        inside, outside = -claim.bound <= lo and hi <= claim.bound, hi < -claim.bound or lo > claim.bound
+    else:
+        sign = 1.0 if claim.expect == "above" else -1.0
+        inside, outside = min(sign * lo, sign * hi) > 0, max(sign * lo, sign * hi) < 0
+    return "reproduced" if inside else "not reproduced" if outside else "not settled (interval spans the claim)"
 
 
 def _paired_tables(runs: list[Run], exp: Experiment, folder: Path) -> None:
@@ -137,6 +154,16 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path) -> None:
             continue
         for metric in exp.metrics:
             diff = paired_difference(dirs, by_point[ref], metric)
+            claim = next(
+                (
+                    c
+                    for c in exp.claims
+                    if c.metric == metric and set(c.point) <= set(point) and c.block in (None, block)
+                ),
+                None,
+            )
+            if diff is not None and claim is not None:
+                diff = {**diff, "paper": claim.paper, "verdict": verdict(claim, diff)}
             if diff is not None:
                 rows.append(
                     {
@@ -158,6 +185,8 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path) -> None:
         "per seed",
         "client pairs",
         "clients ci95",
+        "paper",
+        "verdict",
     ]
     md = [
         f"# {exp.name}: paired differences",
