@@ -441,3 +441,19 @@ def test_a_claims_verdict_reads_the_interval_over_seeds(expect, interval, verdic
     claim = rp.Claim((("method.variant", "x"),), "seen/accuracy", expect, "paper", bound=0.5)
     assert judge(claim, {"mean": "+0.00", "seeds ci95": interval}) == verdict
     assert judge(claim, {"mean": "+5.00"}) == "not settled (one seed)"
+
+
+def test_a_tuning_key_applies_only_to_the_methods_that_have_it(tmp_path):
+    """FedProx's mu and Ditto's lambda are tuned with the step where those bases have them, never elsewhere."""
+    runs = rp.plan_tuning(["fedlag-fmnist-reduced/main-alpha01"], out=tmp_path, quick=True)
+    keys: dict[str, set[frozenset[str]]] = {}
+    for r in runs:
+        point = dict(r.point)
+        keys.setdefault(point["method.name"], set()).add(frozenset(k for k in point if k not in ("method.name",)))
+    assert keys["fedprox"] == {frozenset({"method.fedlag.top_k", "method.lr", "method.mu"})}
+    assert keys["ditto"] == {frozenset({"method.fedlag.top_k", "method.lr", "method.lam"})}
+    assert keys["fedavg"] == {frozenset({"method.fedlag.top_k", "method.lr"})}
+    per_base = {name: sum(dict(r.point)["method.name"] == name for r in runs) for name in keys}
+    assert per_base["fedprox"] == per_base["ditto"] == 2 * 4 * 3 and per_base["fedavg"] == 2 * 4
+    fedprox = next(r for r in runs if dict(r.point).get("method.mu") == "0.1")
+    assert fedprox.cfg.method.mu == 0.1 and fedprox.cfg.data.validation == 0.2

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,16 +68,20 @@ class Tuning:
     """The tuning stage of an experiment: every point of its blocks (each compared method and variant, at each
     setting) gets its own values of ``grid`` (e.g. the step size ``method.lr``), chosen by ``metric`` on a
     validation split held out of the seen clients' training records (``sets``), from the same grid and the same
-    budget (rounds, ``seeds``) for all. Blocks that read another run (``Block.needs``) are not tuned."""
+    budget (rounds, ``seeds``) for all. A grid key a point's config does not have (``method.mu`` for a method
+    without a proximal weight) is left out for that point. Blocks that read another run (``Block.needs``) are not
+    tuned."""
 
     grid: tuple[tuple[str, tuple[str, ...]], ...]
     sets: tuple[str, ...] = ("data.validation=0.2",)
     metric: str = "seen/accuracy"
     seeds: tuple[int, ...] = (41,)
 
-    def points(self) -> list[tuple[tuple[str, str], ...]]:
-        """Every combination of the grid's values, in grid order."""
-        return list(itertools.product(*[[(k, v) for v in vals] for k, vals in self.grid]))
+    def points(self, keys: Iterable[str] | None = None) -> list[tuple[tuple[str, str], ...]]:
+        """Every combination of the grid's values (of ``keys`` only, when given), in grid order."""
+        keep = None if keys is None else set(keys)
+        grid = [(k, vals) for k, vals in self.grid if keep is None or k in keep]
+        return list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid]))
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import fedtailor
 from fedtailor.config import RunConfig, load_config
-from fedtailor.fl.experiments import EXPERIMENTS, Experiment
+from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment
 from fedtailor.rundir import Point, completed, finished, point_dir, seed_dir, slug
 
 
@@ -81,6 +82,26 @@ def load_choices(name: str, *, out: Path, quick: bool) -> dict[str, dict[str, st
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{path} is not a tuning choices file ({err}); delete it or run --tune again.") from None
     return {}
+
+
+def _has(cfg: Any, key: str) -> bool:
+    """Whether the config has the (dotted) field ``key``, e.g. ``method.mu`` only for a method with a proximal
+    weight."""
+    node = cfg
+    for part in key.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
+
+
+def tuned_keys(exp: Experiment, block: Block, point: Point, *, quick: bool) -> list[str]:
+    """The keys of the experiment's tuning grid that the point's config has (all of them but, say, ``method.mu``
+    for a method without a proximal weight)."""
+    assert exp.tuning is not None
+    sets = [*block.sets, *(exp.quick if quick else ()), *(f"{k}={v}" for k, v in point)]
+    cfg = load_config(config_path(block.config), sets)
+    return [k for k, _ in exp.tuning.grid if _has(cfg, k)]
 
 
 def everything(registry: Mapping[str, Experiment]) -> list[str]:
@@ -182,7 +203,12 @@ def listing(registry: Mapping[str, Experiment] = EXPERIMENTS) -> str:
         points = sum(len(b.points()) for b in exp.blocks)
         tuning = ""
         if exp.tuning is not None:
-            tuned = sum(len(b.points()) for b in exp.blocks if b.needs is None) * len(exp.tuning.points())
+            tuned = sum(
+                len(exp.tuning.points(tuned_keys(exp, b, p, quick=False)))
+                for b in exp.blocks
+                if b.needs is None
+                for p in b.points()
+            )
             tuning = f" + {tuned * len(exp.tuning.seeds)} to tune"
         lines.append(
             f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick){tuning}  {exp.description}"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedtailor.config import load_config
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
-from fedtailor.reproduce.plan import CHOICES, Run, config_path, everything, tuning_dir, unit_key
+from fedtailor.reproduce.plan import CHOICES, Run, config_path, everything, tuned_keys, tuning_dir, unit_key
 from fedtailor.rundir import point_dir, read_results, slug
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,11 @@ def plan_tuning(
             if fixed:
                 raise ValueError(f"{name}/{block.name} sets {sorted(fixed)[0]}, which its tuning stage tunes.")
             for point in block.points():
-                for values in tuning.points():
+                try:
+                    keys = tuned_keys(exp, block, point, quick=quick)
+                except ValueError as err:
+                    raise ValueError(f"{name}/tuning/{block.name}/{slug(point)}: {err}") from None
+                for values in tuning.points(keys):
                     for seed in tuning.seeds[:1] if quick else tuning.seeds:
                         sets = [
                             *block.sets,

@@ -9,9 +9,15 @@ from __future__ import annotations
 from fedtailor.fl.experiments import Block, Experiment, Tuning, register_experiment
 from fedtailor.fl.registry import fedlag_bases
 
-# every base, with and without FedLAG, its own step size from one grid around the paper's 0.005 (mu and lambda
-# stay at the configs' values), chosen on a validation split of the clients' training records
-FEDLAG_TUNING = Tuning(grid=(("method.lr", ("0.005", "0.01", "0.02", "0.05")),))
+# every base, with and without FedLAG, its own step size from one grid around the paper's 0.005, and FedProx's mu
+# and Ditto's lambda where the base has them, chosen on a validation split of the clients' training records
+FEDLAG_TUNING = Tuning(
+    grid=(
+        ("method.lr", ("0.005", "0.01", "0.02", "0.05")),
+        ("method.mu", ("0.001", "0.01", "0.1")),
+        ("method.lam", ("0.01", "0.1", "1.0")),
+    )
+)
 FMNIST_REDUCED = ("federation.rounds=40", "federation.eval_every=0", "data.limit=20000")
 
 
