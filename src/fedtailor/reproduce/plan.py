@@ -95,6 +95,19 @@ def _has(cfg: Any, key: str) -> bool:
     return True
 
 
+def resolve(label: str, config: str, sets: list[str]) -> tuple[str, RunConfig]:
+    """A block's config path and its config resolved with ``sets``, the data name checked (cheap: nothing is read);
+    a bad point raises one ValueError that begins with ``label``."""
+    from fedtailor.experiment import check_data_name
+
+    try:
+        cfg = load_config(path := config_path(config), sets)
+        check_data_name(cfg)
+    except ValueError as err:
+        raise ValueError(f"{label}: {err}") from None
+    return path, cfg
+
+
 def tuned_keys(exp: Experiment, block: Block, point: Point, *, quick: bool) -> list[str]:
     """The keys of the experiment's tuning grid that the point's config has (all of them but, say, ``method.mu``
     for a method without a proximal weight)."""
@@ -132,7 +145,6 @@ def plan(
     """Every run of the named experiments (``all``: every one; ``NAME/BLOCK[,BLOCK]``: those blocks), each config
     validated now (a bad point fails before any run). A point of an experiment with a tuning stage runs with its
     tuned values when there are choices (:func:`fedtailor.reproduce.tune.load_choices`)."""
-    from fedtailor.experiment import check_data_name
 
     if seeds is not None:
         _once(seeds, "--seeds", "seed")
@@ -171,11 +183,7 @@ def plan(
                         *(f"{k}={v}" for k, v in point),
                         f"seed={seed}",
                     ]
-                    try:
-                        cfg = load_config(config := config_path(block.config), sets)
-                        check_data_name(cfg)
-                    except ValueError as err:
-                        raise ValueError(f"{name}/{block.name}/{slug(point)} seed {seed}: {err}") from None
+                    config, cfg = resolve(f"{name}/{block.name}/{slug(point)} seed {seed}", block.config, sets)
                     run_dir = point_dir(out / name / block.name, point, seed)
                     if any(r.out == run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
                         continue

@@ -19,9 +19,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from fedtailor.config import load_config
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
-from fedtailor.reproduce.plan import CHOICES, Run, config_path, everything, tuned_keys, tuning_dir, unit_key
+from fedtailor.reproduce.plan import CHOICES, Run, everything, resolve, tuned_keys, tuning_dir, unit_key
 from fedtailor.rundir import point_dir, read_results, slug
 
 log = logging.getLogger(__name__)
@@ -32,7 +31,6 @@ def plan_tuning(
 ) -> list[Run]:
     """Every tuning run of the named experiments that have a tuning stage (``NAME/BLOCK``: those blocks), each
     config validated now."""
-    from fedtailor.experiment import check_data_name
 
     runs: list[Run] = []
     for spec in [n for name in names for n in (everything(registry) if name == "all" else [name])]:
@@ -62,11 +60,8 @@ def plan_tuning(
                             *(f"{k}={v}" for k, v in (*point, *values)),
                             f"seed={seed}",
                         ]
-                        try:
-                            cfg = load_config(config := config_path(block.config), sets)
-                            check_data_name(cfg)
-                        except ValueError as err:
-                            raise ValueError(f"{name}/tuning/{block.name}/{slug(point)} seed {seed}: {err}") from None
+                        label = f"{name}/tuning/{block.name}/{slug(point)} seed {seed}"
+                        config, cfg = resolve(label, block.config, sets)
                         run_dir = point_dir(tuning_dir(out, name) / block.name, (*point, *values), seed)
                         block_name = f"tuning/{block.name}"
                         runs.append(Run(name, block_name, (*point, *values), seed, config, sets, run_dir, cfg))
