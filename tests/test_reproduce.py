@@ -372,6 +372,7 @@ def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_spli
         }
         best = max(scores, key=scores.__getitem__)
         assert record["choices"][f"per-round/clients_per_round={n}"] == {"method.lr": best}
+    assert record["at_edge"] == sorted(record["choices"])  # a two-value grid: every choice is at an edge
     runs = rp.plan(["tuned"], out=out, seeds=None, quick=True, registry=registry)
     for r in runs:
         chosen = record["choices"][f"per-round/{slug(r.point)}"]["method.lr"]

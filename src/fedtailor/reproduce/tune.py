@@ -80,7 +80,9 @@ def choose(runs: list[Run], *, out: Path, quick: bool, registry: Mapping[str, Ex
     """For each tuned point, the grid values with the highest mean of the tuning metric over the tuning seeds
     (ties: the first in grid order; a point's values with a failed or diverged run score nothing). Writes
     ``choices.json`` and ``tuning.csv`` in each experiment's tuning folder and returns their paths. ``quick``: the
-    runs were at the reduced scale (their choices are used only at that scale)."""
+    runs were at the reduced scale (their choices are used only at that scale). ``at_edge`` in ``choices.json``
+    lists the points whose choice is the first or last value of a grid key (logged too): the best may lie beyond
+    the grid, which should be widened there."""
     written: list[Path] = []
     for name in dict.fromkeys(r.experiment for r in runs):
         tuning = registry[name].tuning
@@ -104,6 +106,11 @@ def choose(runs: list[Run], *, out: Path, quick: bool, registry: Mapping[str, Ex
                 continue
             best = max(ranked, key=by_values.__getitem__)  # max keeps the first of equals
             choices[unit] = next(row["values"] for row in rows if row["point"] == unit and row["tuning"] == best)
+        # a choice on the first or last value of a grid key may lie outside the grid's reach: widen the grid there
+        edges = {k: (v[0], v[-1]) for k, v in tuning.grid}
+        at_edge = sorted(u for u, c in choices.items() if any(c[k] in edges[k] for k in c if len(set(edges[k])) > 1))
+        for unit in at_edge:
+            log.warning("tuning %s/%s: the choice %s is at the edge of the grid", name, unit, choices[unit])
         folder = tuning_dir(out, name)
         folder.mkdir(parents=True, exist_ok=True)
         record = {
@@ -115,6 +122,7 @@ def choose(runs: list[Run], *, out: Path, quick: bool, registry: Mapping[str, Ex
             "seeds": sorted({row["seed"] for row in rows}),
             "choices": choices,
             "scores": scores,
+            "at_edge": at_edge,
         }
         (folder / CHOICES).write_text(json.dumps(record, indent=1) + "\n")
         with (folder / "tuning.csv").open("w", newline="") as f:
