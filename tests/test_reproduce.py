@@ -340,12 +340,10 @@ def test_a_repeated_seed_or_grid_value_is_refused(tmp_path, registry):
         rp.plan(["twice"], out=tmp_path, seeds=None, quick=False, registry={"twice": twice})
 
 
-def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path):
+def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path, tiny):
     """The tuning stage runs every (point, step size) on a validation split, chooses per point the step with the
     best validation accuracy, and the experiment's runs then use it; a failed tuning run is never chosen."""
-    cfg = tmp_path / "tiny.toml"
-    cfg.write_text(TINY_TOML)
-    block = rp.Block("per-round", str(cfg), (("federation.clients_per_round", ("2", "3")),))
+    block = rp.Block("per-round", tiny[0], (("federation.clients_per_round", ("2", "3")),))
     exp = rp.Experiment(
         "tuned",
         "FedAvg at two participation levels, each with its own step",
@@ -390,13 +388,11 @@ def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_spli
     assert sum(r["chosen"] == "True" for r in rows) == 2 and len(rows) == 4
 
 
-def test_a_block_that_fixes_a_tuned_key_is_refused(tmp_path):
-    cfg = tmp_path / "tiny.toml"
-    cfg.write_text(TINY_TOML)
+def test_a_block_that_fixes_a_tuned_key_is_refused(tmp_path, tiny):
     exp = rp.Experiment(
         "clash",
         "a block fixing the step the tuning stage tunes",
-        (rp.Block("fixed", str(cfg), sets=("method.lr=0.2",)),),
+        (rp.Block("fixed", tiny[0], sets=("method.lr=0.2",)),),
         tuning=rp.Tuning(grid=(("method.lr", ("0.01", "0.5")),)),
     )
     with pytest.raises(ValueError, match="clash/fixed sets method.lr, which its tuning stage tunes"):
