@@ -105,6 +105,7 @@ COMPACT_VARIANTS: dict[str, dict[str, str]] = {
     "radial": {"generator": "radial", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
     "replay": {"generator": "replay", "space": "coefficient", "context": "public", "codec": "dg-fp32"},
     "factorized-ctx": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
+    "factorized-clean": {"generator": "factorized", "space": "coefficient", "context": "noiseless", "codec": "dg-fp32"},
 }
 
 
@@ -116,7 +117,12 @@ class CompactConfig(Section):
     variant: Literal[tuple(COMPACT_VARIANTS)] | None = None  # type: ignore[valid-type]
     generator: Literal["factorized", "deeplin", "direct", "radial", "replay"] = "factorized"
     space: Literal["coefficient", "full"] = "coefficient"
-    context: Literal["private", "public"] = "private"
+    context: Literal["private", "public", "noiseless"] = Field(
+        "private",
+        description="the generator's input: each client's private context release, the one public vector u0, or "
+        "(a control, eps void) each client's context mean released without noise while the gradient releases keep "
+        "the private variant's sigma",
+    )
     codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq"] = "dg-fp32"
     coder: Literal["ans", "elias"] = Field("ans", description="entropy coder of the layered/lrsuq codecs")
     block_size: int = Field(4, ge=1, le=8, description="b, LRSUQ block size")
@@ -345,6 +351,9 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         )
         self.context_dim = 2 * input_shape[0]
         self.m_c, self.m_g, self.clip = context_size, cfg.privacy.batch_size, cfg.privacy.clip
+        # A context release at all (private or noiseless), and whether it carries noise (the noiseless control's
+        # does not: it separates the context's signal from its noise and voids the run's eps).
+        self.uses_context = cfg.context != "public"
         self.private_context = cfg.context == "private"
         # u0: the one public context of the geometry controls, already in standardised units.
         self.u0 = torch.randn(self.context_dim, generator=torch_generator(seed, "public-context")).to(device)
@@ -370,7 +379,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         return math.isfinite(self.cfg.privacy.epsilon)
 
     def _sensitivities(self) -> tuple[float, float]:
-        dc = context_sensitivity(self.m_c) if self.private_context else 0.0
+        # The noiseless control calibrates sigma as the private variant does, so that only the context's noise differs.
+        dc = context_sensitivity(self.m_c) if self.uses_context else 0.0
         return dc, gradient_sensitivity(batch_size=self.m_g, clip=self.clip)
 
     def _guard(self, ledger: PrivacyLedger) -> BudgetGuard:
@@ -411,13 +421,13 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     def configure_setup(self, server: CompactState, cid: int) -> Message | None:
         """The one-shot exchange: the private context release (if the variant uses contexts) and, in secure mode,
         the client's codec secret for the decoder."""
-        if not self.private_context and self.simulation:
+        if not self.uses_context and self.simulation:
             return None
         if self.noisy and self.private_context:  # refused here if over budget; recorded when it arrives
             self._guard(server.ledger).check_release(
                 client=cid, round=0, sensitivity=context_sensitivity(self.m_c), sigma=server.sigma, mechanism="context"
             )
-        return Message(config={"sigma": server.sigma, "context": self.private_context})
+        return Message(config={"sigma": server.sigma, "context": self.uses_context})
 
     def _simulation_secret(self, cid: int) -> int:
         return derive_key(self.seed, "release-secret", cid)
@@ -427,7 +437,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
     ) -> tuple[Message, CompactClient]:
         if state is not None and state.set_up:
             raise RequestRefused(f"client {data.cid} already made its one-shot setup release; a second is refused.")
-        if msg.config.get("context") and self.noisy:
+        if msg.config.get("context") and self.noisy and self.private_context:
             self._check_sigma(msg, data.cid)
         if self.simulation:
             secret, noise_key = self._simulation_secret(data.cid), derive_key(self.seed, "context-noise", data.cid)
@@ -435,9 +445,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             secret, noise_key = fresh_key(), fresh_key()
         reply = Message()
         if msg.config.get("context"):
-            reply.arrays["context"] = release_context(
-                data.context, sigma=float(msg.config["sigma"]), key=noise_key, secure=not self.simulation
-            )
+            # the client's own config decides whether its context carries noise: no request can remove it
+            sigma = float(msg.config["sigma"]) if self.private_context else 0.0
+            secure = not self.simulation
+            reply.arrays["context"] = release_context(data.context, sigma=sigma, key=noise_key, secure=secure)
         if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
             reply.config["codec_secret"] = secret.to_bytes(32, "little")
         return reply, CompactClient(codec_secret=secret, set_up=True)
@@ -481,6 +492,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             risks["simulation-randomness"] = (
                 "method.privacy.randomness is 'simulation': every noise draw follows from the public seed"
             )
+        if self.uses_context and not self.private_context:
+            risks["noiseless-context"] = "method.context is 'noiseless': each context mean leaves without noise"
         if self.cfg.diagnostics:
             risks["diagnostics"] = "method.diagnostics is on: replies carry functions of the unprotected input"
         if self.variable_length and not self.cfg.padding:
@@ -507,7 +520,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
                 if "codec_secret" in r.config
             },
         )
-        if not self.private_context:
+        if not self.uses_context:
             return server
         server.contexts = {cid: r.arrays["context"].to(self.device).float() for cid, r in replies.items()}
         seen = [server.contexts[c] for c in self.seen if c in server.contexts]
@@ -530,7 +543,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
 
     # ----- generator ------------------------------------------------------------------------------------
     def _context(self, server: CompactState, cid: int) -> torch.Tensor:
-        if not self.private_context:
+        if not self.uses_context:
             return self.u0
         if cid not in server.contexts:
             raise KeyError(f"client {cid} has no cached context release; it must take part in the setup phase.")
@@ -643,12 +656,12 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         self._record_arrival(server, phase, rnd, cid)
         if phase == "setup":
             reply.only(
-                arrays={"context"} if self.private_context else set(),
+                arrays={"context"} if self.uses_context else set(),
                 config=set() if self.simulation else {"codec_secret"},
             )
-            if self.private_context:
+            if self.uses_context:
                 c = reply.array("context", shape=(self.context_dim,), dtype=torch.float32)
-                bound = release_norm_bound(1.0, server.sigma, self.context_dim)
+                bound = release_norm_bound(1.0, server.sigma if self.private_context else 0.0, self.context_dim)
                 if float(torch.linalg.vector_norm(c.double())) > bound:
                     raise InvalidMessage(
                         f"context release of client {cid} has a norm no bounded context plus noise "
@@ -770,6 +783,8 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         void = []
         if not self.noisy:
             void.append("no noise (epsilon = inf)")
+        elif self.uses_context and not self.private_context:
+            void.append("the context is released without noise (the noiseless-context control)")
         if self.replay_ledger is not None and not self.replay_ledger.releases:
             void.append(f"the Factorized run whose gains Replay reads ({self.cfg.replay_from}) had no noise")
         if self.cfg.diagnostics:

@@ -198,8 +198,8 @@ def test_every_variant_of_the_paper_runs_and_reports(variant, tmp_path):
         assert summary["epsilon_max"] > 8.0 and str(factorized) in summary["epsilon_includes"]
     else:
         assert summary["epsilon_max"] <= 8.0 * (1 + 1e-9)
-    private_ctx = axes["context"] == "private"
-    assert bool(result.state.server.contexts) == private_ctx
+    assert bool(result.state.server.contexts) == (axes["context"] != "public")
+    assert summary["epsilon_void"] == (axes["context"] == "noiseless")
     assert set(result.evaluation) == set(setup.clients)
     assert all(
         m["num_examples"] == len(setup.clients[c].eval[1]) and math.isfinite(m["loss"])

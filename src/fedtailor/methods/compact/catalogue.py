@@ -82,13 +82,15 @@ COMPACT_TUNING = Tuning(grid=(("method.lr", ("0.03", "0.1", "0.3", "1.0", "3.0")
 
 def _controls_blocks(config: str) -> tuple[Block, ...]:
     """The geometry controls at the config's eps and without noise (eps = inf); Replay applies the per-round gains
-    of the Factorized run of the same seed and noise."""
-    controls = (("method.variant", ("direct", "deeplin", "factorized", "radial", "factorized-ctx")),)
+    of the Factorized run of the same seed and noise. At the config's eps, Factorized+clean reads each client's
+    context mean without noise (gradients as private as the others'): between it, Factorized+ctx and Factorized (u0)
+    it separates what the context carries from what its noise costs."""
+    controls = ("direct", "deeplin", "factorized", "radial", "factorized-ctx")
     replay = (("method.variant", ("replay",)),)
     out = []
-    for name, sets in (("eps16", ()), ("noiseless", ("method.privacy.epsilon=inf",))):
+    for name, sets, extra in (("eps16", (), ("factorized-clean",)), ("noiseless", ("method.privacy.epsilon=inf",), ())):
         out += [
-            Block(name, config, controls, sets),
+            Block(name, config, (("method.variant", controls + extra),), sets),
             Block(
                 f"{name}-replay",
                 config,

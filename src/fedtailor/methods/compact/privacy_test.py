@@ -163,6 +163,31 @@ def test_without_noise_eps_is_infinite_and_void():
     assert result.state.server.ledger.releases == ()
 
 
+def test_the_noiseless_context_control_sends_the_exact_mean_keeps_sigma_and_voids_eps():
+    """Factorized+clean: each context release is the exact mean (no noise, nothing in the ledger for it), the
+    gradient releases keep Factorized+ctx's sigma, and eps is void with the reason. A client configured with a
+    private context adds noise whatever the request says."""
+    from fedtailor.data.context import context_mean
+
+    setup, clean = build(SMALL, 'method.variant="factorized-clean"', "federation.rounds=2")
+    _, private = build(SMALL, 'method.variant="factorized-ctx"', "federation.rounds=2")
+    result = run_federated(clean, setup.clients, setup.schedule, progress=False)
+    server = result.state.server
+    assert server.sigma > 0 and server.sigma == private.init_server().sigma
+    for cid, c in server.contexts.items():
+        torch.testing.assert_close(c, context_mean(setup.clients[cid].context), rtol=0, atol=0)
+    mechanisms = {r.mechanism for r in server.ledger.releases}
+    assert mechanisms and not any(m == "context" for m in mechanisms)
+    summary = clean.summary(server)
+    assert summary["epsilon_void"] and "without noise" in summary["epsilon_void_reasons"][0]
+    assert "noiseless-context" in clean.deployment_risks()
+    cid = int(setup.schedule[0, 0])
+    request = clean.configure_setup(clean.init_server(), cid)  # the same request, to a private-context client
+    reply, _ = private.client_setup(request, None, setup.clients[cid])
+    assert not torch.equal(reply.arrays["context"], context_mean(setup.clients[cid].context))
+    assert private.summary(start(private, setup.clients).server)["epsilon_void"] is False
+
+
 def _autograd_step(method, omega: dict[str, torch.Tensor], contexts, setup, rnd: int, cids: list[int]):
     """omega - eta_t grad_omega (1/|S|) sum_i mean_{z in B_it} loss(theta_ref + P W h(c_i); z), by autograd."""
     names = {n for n, p in method.generator.named_parameters() if p.requires_grad}
