@@ -26,6 +26,10 @@ from torch.nn.modules.dropout import _DropoutNd
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
+#: Probability with which an honest release is refused by a server's norm bound (:func:`release_norm_bound`):
+#: what a hostile client cannot exceed.
+RELEASE_TAIL = 1e-12
+
 
 def flatten_named(tensors: Mapping[str, torch.Tensor], *, batch_dims: int = 0) -> torch.Tensor:
     """Concatenate tensors (in mapping order) into one vector, or one row per record with ``batch_dims=1``."""
@@ -143,3 +147,14 @@ def gaussian_mechanism(value: torch.Tensor, *, sigma: float, generator: torch.Ge
         )
     noise = torch.randn(value.shape, generator=generator, device=value.device, dtype=value.dtype)
     return value + sigma * noise
+
+
+def release_norm_bound(
+    bound: float, sigma: float, dim: int, *, tail: float = RELEASE_TAIL, slack: float = 0.0
+) -> float:
+    """The norm a release ``x + N(0, sigma^2 I_dim)`` of an input with ``||x|| <= bound`` exceeds with
+    probability at most ``tail``: ``bound + sigma (sqrt(dim) + sqrt(2 ln(1/tail)))`` (the Gaussian norm is
+    1-Lipschitz, so it exceeds its mean, at most sqrt(dim) sigma, by t sigma with probability <= exp(-t^2/2)),
+    plus ``slack`` (a codec's rounding) and float32 rounding. A reply beyond it is refused: one client moves a
+    mean of n releases by at most 2 x this bound / n."""
+    return (bound + sigma * (math.sqrt(dim) + math.sqrt(2 * math.log(1 / tail))) + slack) * (1 + 1e-6)

@@ -65,7 +65,7 @@ from fedtailor.models.parts import channels_last_convolutions
 from fedtailor.models.subspace import SubspaceKind, make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
-from fedtailor.privacy.mechanisms import clipped_mean, per_example_gradients
+from fedtailor.privacy.mechanisms import RELEASE_TAIL, clipped_mean, per_example_gradients, release_norm_bound
 from fedtailor.rng import derive_key, derive_seed, fresh_key, torch_generator
 
 
@@ -205,9 +205,6 @@ class CompactConfig(Section):
 
 log = logging.getLogger(__name__)
 
-#: Probability with which an honest release is refused by the server's norm bounds (the context's and the
-#: coefficient gradient's, :func:`release_norm_bound`): what a hostile client cannot exceed.
-RELEASE_TAIL = 1e-12
 #: Config fields of a fit reply with diagnostics on; without them a reply carries the payload alone.
 DIAGNOSTIC_FIELDS = frozenset({"perturbation_norm", "clip_fraction", "message_bytes", "encode_ms"})
 
@@ -854,17 +851,6 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
 
     def artifacts(self, server: CompactState) -> dict[str, str]:
         return {"privacy_ledger.json": server.ledger.to_json()}
-
-
-def release_norm_bound(
-    bound: float, sigma: float, dim: int, *, tail: float = RELEASE_TAIL, slack: float = 0.0
-) -> float:
-    """The norm a release ``x + N(0, sigma^2 I_dim)`` of an input with ``||x|| <= bound`` exceeds with
-    probability at most ``tail``: ``bound + sigma (sqrt(dim) + sqrt(2 ln(1/tail)))`` (the Gaussian norm is
-    1-Lipschitz, so it exceeds its mean, at most sqrt(dim) sigma, by t sigma with probability <= exp(-t^2/2)),
-    plus ``slack`` (a codec's rounding) and float32 rounding. A reply beyond it is refused: one client moves a
-    mean of n releases by at most 2 x this bound / n."""
-    return (bound + sigma * (math.sqrt(dim) + math.sqrt(2 * math.log(1 / tail))) + slack) * (1 + 1e-6)
 
 
 def _quantisation_slack(codec: str, g: np.ndarray) -> float:

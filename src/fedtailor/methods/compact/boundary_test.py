@@ -16,9 +16,10 @@ from fedtailor.codecs.format import unpad
 from fedtailor.fl.checkpoint import load_checkpoint, save_checkpoint
 from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import Abstained, InvalidMessage, Message, RequestRefused
-from fedtailor.methods.compact.adaptation import CompactClient, release_norm_bound
+from fedtailor.methods.compact.adaptation import CompactClient
 from fedtailor.methods.compact.adaptation_test import SMALL
 from fedtailor.methods.compact.privacy_test import SECURE, build
+from fedtailor.privacy.mechanisms import release_norm_bound
 from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
 from fedtailor.rng import derive_key
 

@@ -30,6 +30,7 @@ first, middle or last ``top_k`` candidates (``choice``; same warm-up, so only th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -190,7 +191,7 @@ class FedLAG(Method[LagState, PersonalState]):
         base, scores = self.base.init_server(), [0] * len(self.candidates)
         if self.warmup == 0:  # no warm-up: a fixed choice from round 1 (a conflict choice would be arbitrary)
             chosen = self.choose(scores)
-            base = SharedState(params=base.params, personal=self.personal_names(chosen))
+            base = dataclasses.replace(base, personal=self.personal_names(chosen))
             return LagState(base=base, scores=scores, chosen=chosen)
         return LagState(base=base, scores=scores)
 
@@ -235,7 +236,7 @@ class FedLAG(Method[LagState, PersonalState]):
         base, metrics = self.base.aggregate_fit(server.base, rnd, plain)
         if rnd == self.warmup or (rnd > self.warmup and self.rechoose and self.choice == "conflict"):
             chosen = self.choose(scores)
-            base = SharedState(params=base.params, personal=self.personal_names(chosen), round=base.round)
+            base = dataclasses.replace(base, personal=self.personal_names(chosen))  # keeps a wrapper's fields
         metrics = {**metrics, "fedlag/personal_layers": len(chosen)}
         return LagState(base=base, scores=scores, chosen=chosen, per_round=per_round), metrics
 
@@ -294,6 +295,12 @@ class FedLAG(Method[LagState, PersonalState]):
 
     def close(self) -> None:
         self.base.close()
+
+    def artifacts(self, server: LagState) -> dict[str, str]:
+        return self.base.artifacts(server.base)
+
+    def deployment_risks(self) -> dict[str, str]:
+        return self.base.deployment_risks()
 
     def summary(self, server: LagState) -> dict[str, Any]:
         names = ["+".join(self.layers[i]) for i in self.candidates]

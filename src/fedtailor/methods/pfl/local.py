@@ -79,6 +79,27 @@ class FedLAGConfig(Section):
     )
 
 
+class ClientDPConfig(Section):
+    """Client-level DP with each client's own noise around the method it sits in ([method.client_dp];
+    docs/privacy.md, "DP for the parameter-sharing methods"): every shared update clipped to ``clip`` and noised
+    by its client, accounted per client in the run's privacy ledger."""
+
+    clip: float = Field(1.0, gt=0, description="C: each client's shared update is scaled down to norm <= C")
+    epsilon: float = Field(
+        8.0, gt=0, description="target eps of every client; sigma is calibrated to it (inf: clip, no noise, eps void)"
+    )
+    delta: float = Field(1e-5, gt=0, lt=1)
+    conversion: Literal["closed-form", "balle", "exact"] = "closed-form"
+    sigma: float | None = Field(
+        None, gt=0, description="fixed noise std instead of calibrating it; a schedule above epsilon is refused"
+    )
+    randomness: Literal["secure", "simulation"] = Field(
+        "secure",
+        description="'secure': each client's noise from 256 bits of its OS entropy (not reproducible); "
+        "'simulation': derived from the seed (reproducible; eps holds only while the seed is secret)",
+    )
+
+
 class LocalSGDConfig(Section):
     """Options every parameter-sharing method has (docs/pfl.md); a base's config model adds its ``name``
     and its own options."""
@@ -118,6 +139,9 @@ class LocalSGDConfig(Section):
         "(docs/pfl.md, 'Unseen clients')",
     )
     fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
+    client_dp: ClientDPConfig | None = Field(
+        None, description="client-level DP, each client's own noise ([method.client_dp] section; under FedLAG)"
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from fedtailor.fl.registry import MethodSpec, register_method
 from fedtailor.fl.setup import train_sizes
 from fedtailor.methods.pfl.fedlag import FedLAG
 from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining
+from fedtailor.methods.pfl.private import ClientDP
 
 
 def register_base(
@@ -47,9 +48,17 @@ def register_base(
             unseen_finetune_epochs=m.unseen_finetune_epochs,
             **{o: getattr(m, o) for o in options},
         )
+        if m.client_dp is not None:
+            clients = sorted(setup.clients)
+            base = ClientDP(base, cfg=m.client_dp, schedule=setup.schedule, seed=setup.cfg.seed, clients=clients)
         if m.fedlag is None:
             return base
         f = m.fedlag
+        if m.client_dp is not None and (f.rechoose or f.update == "gradient"):
+            raise ValueError(
+                "[method.fedlag] with [method.client_dp] scores the released (noisy) updates only: rechoose and "
+                'update = "gradient" would send unprotected reports; set rechoose = false and update = "delta".'
+            )
         return FedLAG(
             base,
             top_k=f.top_k,

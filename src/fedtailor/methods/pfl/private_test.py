@@ -1,0 +1,173 @@
+"""Client-level DP around the parameter-sharing methods (``methods/pfl/private.py``), where its guarantees are
+used: the release is the clipped update plus the client's own noise, the server's mean is unweighted, every
+client's eps agrees with dp-accounting, secure noise is nobody else's, hostile replies are refused with the
+state unchanged, the budget is guarded before and during a run, FedLAG scores only the released updates, and the
+ledger survives a checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting import dp_event, rdp
+
+from fedtailor.config import load_config
+from fedtailor.experiment import build_method, build_setup
+from fedtailor.fl.checkpoint import load_checkpoint, save_checkpoint
+from fedtailor.fl.loop import run_federated, start
+from fedtailor.fl.records import InvalidMessage, Message
+from fedtailor.methods.pfl.fedlag import FedLAG
+from fedtailor.methods.pfl.fedlag_test import BASE, LAG
+from fedtailor.methods.pfl.private import MECHANISM, ClientDP
+from fedtailor.privacy.ledger import PrivacyBudgetExceeded
+from fedtailor.privacy.noise import gaussian_noise
+from fedtailor.rng import derive_key
+
+SIM = ["method.client_dp.clip=0.5", "method.client_dp.epsilon=2000", 'method.client_dp.randomness="simulation"']
+
+
+def build(name: str = "fedavg", *extra: str):
+    setup = build_setup(load_config(None, [*BASE, f'method.name="{name}"', *extra]))
+    return setup, build_method(setup)
+
+
+def _fit(method, server, setup, rnd: int, cids: list[int]):
+    msgs = {c: method.configure_fit(server, rnd, c) for c in cids}
+    return msgs, method.client_fit_many(msgs, {}, {c: setup.clients[c] for c in cids})
+
+
+def test_a_release_is_the_clipped_update_plus_the_clients_noise_and_the_mean_is_unweighted():
+    setup, method = build("fedper", *SIM)
+    _, plain = build("fedper")
+    assert isinstance(method, ClientDP) and method.sigma > 0
+    server = method.init_server()
+    cids = [int(c) for c in setup.schedule[0]]
+    msgs, out = _fit(method, server, setup, 1, cids)
+    _, base_out = _fit(plain, plain.init_server(), setup, 1, cids)  # the same local programs without DP
+    releases = {}
+    for c in cids:
+        reply = out[c][0]
+        assert set(reply.arrays) == set(msgs[c].arrays) and not reply.config  # no record count, no loss
+        received = msgs[c].arrays
+        update = torch.cat([(base_out[c][0].arrays[n].double() - received[n].double()).reshape(-1) for n in received])
+        assert float(update.norm()) > 0.5  # the clip is active
+        noise = gaussian_noise(derive_key(5, "client-dp", 1, c), "client-dp", sigma=method.sigma, size=update.numel())
+        want = update * (0.5 / float(update.norm())) + torch.from_numpy(noise)
+        got = torch.cat([(reply.arrays[n].double() - received[n].double()).reshape(-1) for n in received])
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)  # float32 rounding of theta + release
+        pre_noise = got - torch.from_numpy(noise)
+        assert float(pre_noise.norm()) <= 0.5 * (1 + 1e-5)
+        method.validate_reply(server, "fit", 1, c, reply)
+        releases[c] = reply
+    new, metrics = method.aggregate_fit(server, 1, releases)
+    assert "loss" not in metrics
+    for n in msgs[cids[0]].arrays:  # theta_g + the unweighted mean of the releases
+        want = server.params[n] + torch.stack([releases[c].arrays[n] - server.params[n] for c in cids]).mean(0)
+        torch.testing.assert_close(new.params[n], want, rtol=1e-6, atol=1e-7)
+    assert [(r.client, r.round, r.mechanism) for r in new.ledger.releases] == [(c, 1, MECHANISM) for c in cids]
+
+
+@pytest.mark.parametrize("conversion", ["balle", "closed-form"])
+def test_every_clients_eps_is_its_composed_gaussian_releases_and_matches_dp_accounting(conversion):
+    setup, method = build("fedavg", *SIM, "method.client_dp.epsilon=40", f'method.client_dp.conversion="{conversion}"')
+    result = run_federated(method, setup.clients, setup.schedule, progress=False)
+    summary = method.summary(result.state.server)
+    counts = {c: int((setup.schedule == c).sum()) for c in setup.clients}
+    assert summary["epsilon_max"] <= 40 * (1 + 1e-9) and not summary["epsilon_void"]
+    assert summary["noise_multiplier"] == pytest.approx(method.sigma / 0.5)
+    for c, eps in summary["epsilon_per_client"].items():
+        if conversion != "balle":
+            continue
+        acc = rdp.RdpAccountant(orders=np.linspace(1.01, 200, 20000))
+        acc.compose(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(method.sigma / (2 * 0.5)), counts[int(c)]))
+        theirs = acc.get_epsilon(1e-5)
+        assert eps <= theirs + 1e-12 and eps == pytest.approx(theirs, rel=1e-3)
+    assert max(summary["epsilon_per_client"].values()) == summary["epsilon_max"]
+
+
+def test_secure_noise_comes_from_the_client_alone():
+    setup, method = build("fedavg", "method.client_dp.clip=0.5", "method.client_dp.epsilon=2000")
+    assert method.cfg.randomness == "secure" and "simulation-randomness" not in method.deployment_risks()
+    server = method.init_server()
+    c = int(setup.schedule[0, 0])
+    first, second = (_fit(method, server, setup, 1, [c])[1][c][0] for _ in range(2))
+    _, sim = build("fedavg", *SIM)
+    simulated = _fit(sim, sim.init_server(), setup, 1, [c])[1][c][0]
+    for n in first.arrays:  # same update, three different noise draws: none regenerable from the config
+        assert not torch.equal(first.arrays[n], second.arrays[n])
+        assert not torch.equal(first.arrays[n], simulated.arrays[n])
+    assert "seed" not in method.summary(method.init_server())["epsilon_holds_against"]
+
+
+def test_hostile_replies_are_refused_and_the_server_state_is_unchanged():
+    setup, method = build("fedavg", *SIM)
+    state = start(method, setup.clients)
+    server = state.server
+    c = int(setup.schedule[0, 0])
+    _, out = _fit(method, server, setup, 1, [c])
+    honest = out[c][0]
+    name = next(iter(honest.arrays))
+    before = {n: t.clone() for n, t in server.params.items()}
+    hostile = [
+        Message(arrays=honest.arrays, config={"num_examples": 10**9}),
+        Message(arrays={**honest.arrays, name: honest.arrays[name].double()}),
+        Message(arrays={**honest.arrays, name: honest.arrays[name].reshape(-1)}),
+        Message(arrays={**honest.arrays, name: honest.arrays[name] * float("nan")}),
+        Message(arrays={**honest.arrays, name: honest.arrays[name] + 100.0}),  # far beyond clip + noise
+        Message(arrays={k: v for k, v in honest.arrays.items() if k != name}),
+    ]
+    for reply in hostile:
+        with pytest.raises(InvalidMessage):
+            method.validate_reply(server, "fit", 1, c, reply)
+    assert all(torch.equal(before[n], server.params[n]) for n in before)
+    assert len(server.ledger.releases) == 1  # what reached the server is counted once, however it was judged
+    method.validate_reply(server, "fit", 1, c, honest)
+
+
+def test_the_budget_is_guarded_before_the_run_and_at_every_request():
+    with pytest.raises(PrivacyBudgetExceeded, match="planned schedule"):
+        build("fedavg", *SIM, "method.client_dp.sigma=0.01")[1].init_server()
+    setup, method = build("fedavg", *SIM)
+    server = method.init_server()
+    c = int(setup.schedule[0, 0])
+    for rnd in range(1, len(setup.schedule) + 1):  # the planned participations spend the budget exactly
+        method.validate_reply(server, "fit", rnd, c, _fit(method, server, setup, rnd, [c])[1][c][0])
+    with pytest.raises(PrivacyBudgetExceeded):
+        method.configure_fit(server, len(setup.schedule) + 1, c)
+    with pytest.raises(ValueError, match="update_bound"):
+        build("fedavg", *SIM, "method.update_bound=1.0")
+
+
+def test_fedlag_scores_the_released_updates_and_refuses_unprotected_reports():
+    setup, method = build("fedavg", *SIM, *LAG)
+    assert isinstance(method, FedLAG) and isinstance(method.base, ClientDP)
+    result = run_federated(method, setup.clients, setup.schedule, progress=False)
+    assert len(result.state.server.chosen) == 2 and result.history[-1]["rejected"] == 0
+    assert len(result.state.server.base.ledger.releases) == setup.schedule.size  # the ledger kept through FedLAG
+    assert method.artifacts(result.state.server)["privacy_ledger.json"] == result.state.server.base.ledger.to_json()
+    assert "simulation-randomness" in method.deployment_risks() and "epsilon_max" in method.summary(result.state.server)
+    for bad in ("method.fedlag.rechoose=true", 'method.fedlag.update="gradient"'):
+        with pytest.raises(ValueError, match="unprotected reports"):
+            build("fedavg", *SIM, *LAG, bad)
+
+
+def test_without_noise_updates_are_clipped_and_eps_is_void(tmp_path):
+    setup, method = build("fedavg", "method.client_dp.clip=0.5", "method.client_dp.epsilon=inf")
+    result = run_federated(method, setup.clients, setup.schedule[:2], progress=False)
+    summary = method.summary(result.state.server)
+    assert method.sigma == 0 and summary["epsilon_void"] and summary["epsilon_max"] == math.inf
+    assert result.state.server.ledger.releases == ()
+    save_checkpoint(tmp_path / "ck.pt", result.state, setup.schedule)
+    assert load_checkpoint(tmp_path / "ck.pt", setup.schedule).server.ledger.to_json() == (
+        result.state.server.ledger.to_json()
+    )
+
+
+def test_the_ledger_survives_a_checkpoint(tmp_path):
+    setup, method = build("ditto", *SIM)
+    result = run_federated(method, setup.clients, setup.schedule[:2], progress=False)
+    save_checkpoint(tmp_path / "ck.pt", result.state, setup.schedule)
+    back = load_checkpoint(tmp_path / "ck.pt", setup.schedule).server
+    assert back.ledger.to_json() == result.state.server.ledger.to_json() and len(back.ledger.releases) == 10
