@@ -206,6 +206,33 @@ def test_fedavg_on_the_deployment_engine_writes_a_run_directory_resumes_and_matc
 
 
 @pytest.mark.slow
+def test_client_dp_on_the_deployment_engine_ends_with_the_eps_of_the_in_process_run(tmp_path):
+    """FedAvg with client-level DP in secure mode (each node draws its own noise) on three SuperNodes: every
+    release is in the ServerApp's ledger and the run reports the eps the in-process run reports."""
+    import json
+
+    from fedtailor.config import load_config
+    from fedtailor.experiment import build_method, build_setup
+    from fedtailor.fl.loop import run_federated
+
+    cfg_path, out = _tiny(tmp_path, 2), tmp_path / "out"
+    cfg_path.write_text(cfg_path.read_text() + "[method.client_dp]\nclip = 0.5\nepsilon = 500\n")
+    with Federation(tmp_path, 3) as fed:
+        run = fed.run(cfg_path, out)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        _wait_for(out / "privacy_ledger.json")
+    summary = json.loads((out / "results.json").read_text())["method_summary"]
+    setup = build_setup(load_config(cfg_path))
+    method = build_method(setup)
+    local = method.summary(run_federated(method, setup.clients, setup.schedule, progress=False).state.server)
+    assert summary["randomness"] == "secure" and summary["releases"] == local["releases"] == setup.schedule.size
+    assert (
+        summary["epsilon_max"] == local["epsilon_max"] and summary["epsilon_per_client"] == local["epsilon_per_client"]
+    )
+    assert len(json.loads((out / "privacy_ledger.json").read_text())["releases"]) == setup.schedule.size
+
+
+@pytest.mark.slow
 def test_a_supernode_killed_mid_run_costs_its_client_and_nothing_else(tmp_path):
     """SIGKILL one SuperNode after it answered round 1: the server notices (missed heartbeats), the round
     completes with the two clients that answered, later rounds go on without it, and the results say which
@@ -283,6 +310,10 @@ FLOWER_PATHS["ditto under FedLAG (unseen clients)"] = [
     "method.fedlag.top_k=1",
     "method.fedlag.warmup=1",
 ]
+# client-level DP around a base, and under FedLAG (simulation noise: the two paths draw the same noise)
+DP = ['method.client_dp.randomness="simulation"', "method.client_dp.clip=0.5", "method.client_dp.epsilon=2000"]
+FLOWER_PATHS["fedavg with client DP"] = [*IMAGE, 'method.name="fedavg"', *DP]
+FLOWER_PATHS["fedper under FedLAG with client DP"] = [*FLOWER_PATHS["fedper"], *DP]
 # need the language model: covered by their own tests and test_flower_dpo
 LM = tuple(s.name for s in methods() if s.data == "preferences")
 
@@ -312,6 +343,19 @@ def test_the_adapter_logic_ends_where_the_in_process_loop_ends(name):
             assert evaluation[cid][k] == pytest.approx(m[k], abs=0.05)
     flat = lambda s: torch.cat([t.reshape(-1).float() for t in _tensors(s)])
     torch.testing.assert_close(flat(server), flat(local.state.server), rtol=1e-4, atol=1e-5)
+
+
+def test_client_dp_through_the_flower_records_ends_with_the_in_process_ledger():
+    from fedtailor.config import load_config
+    from fedtailor.experiment import build_method, build_setup
+    from fedtailor.fl.loop import run_federated
+
+    setup = build_setup(load_config(None, FLOWER_PATHS["fedavg with client DP"]))
+    method = build_method(setup)
+    server, _, _ = _through_records(method, setup)
+    local = run_federated(build_method(setup), setup.clients, setup.schedule, progress=False).state.server
+    assert server.ledger.to_json() == local.ledger.to_json() and len(local.ledger.releases) == setup.schedule.size
+    assert method.summary(server)["epsilon_max"] == method.summary(local)["epsilon_max"] > 0
 
 
 def _tensors(server):
