@@ -38,6 +38,9 @@ class Ditto(LocalTraining):
     def init_extra(self) -> Params:
         return {n: t.clone() for n, t in self.theta0.items()}  # v_i starts at the common initialisation
 
+    def fit_epochs(self) -> int:
+        return self.personal_epochs + self.local_epochs
+
     def local_program(
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
     ) -> tuple[Params, Params, Any]:

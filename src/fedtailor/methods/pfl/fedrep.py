@@ -32,6 +32,9 @@ class FedRep(LocalTraining):
         self.own_personal = head_names(self.model)
         self.body = frozenset(self.names) - self.own_personal
 
+    def fit_epochs(self) -> int:
+        return self.head_epochs + self.local_epochs
+
     def local_program(
         self, theta: Params, extra: Params, received: Params, data: ClientData | ClientBatch, rnd: int
     ) -> tuple[Params, Params, Any]:

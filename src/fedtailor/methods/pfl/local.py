@@ -51,6 +51,7 @@ from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, T
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
 from fedtailor.fl.workers import WorkerPool
 from fedtailor.models.parts import head_module
+from fedtailor.privacy.dpsgd import PrivateSGD
 from fedtailor.rng import torch_generator
 
 Params = dict[str, torch.Tensor]
@@ -100,6 +101,30 @@ class ClientDPConfig(Section):
     )
 
 
+class RecordDPConfig(Section):
+    """Record-level DP-SGD in local training around the method it sits in ([method.record_dp]; docs/privacy.md,
+    "Record-level DP-SGD for the parameter-sharing methods"): every local SGD run of a client's fit samples its
+    records (Poisson, expected batch ``method.batch_size``), clips each record's gradient to ``clip`` and adds
+    the client's own Gaussian noise; accounted per client with dp-accounting."""
+
+    clip: float = Field(1.0, gt=0, description="C: each record's gradient is scaled down to norm <= C")
+    epsilon: float = Field(
+        8.0, gt=0, description="target eps of every client (add/remove one record); inf: clip, no noise, eps void"
+    )
+    delta: float = Field(1e-5, gt=0, lt=1)
+    conversion: Literal["closed-form", "balle", "exact"] = Field(
+        "closed-form", description="recorded with the ledger; subsampled steps always use dp-accounting's RDP"
+    )
+    noise_multiplier: float | None = Field(
+        None, gt=0, description="zeta, fixed noise std / C instead of calibrating it; a plan above epsilon is refused"
+    )
+    randomness: Literal["secure", "simulation"] = Field(
+        "secure",
+        description="'secure': each client's sampling and noise from 256 bits of its OS entropy per local run; "
+        "'simulation': derived from the seed (reproducible; eps holds only while the seed is secret)",
+    )
+
+
 class LocalSGDConfig(Section):
     """Options every parameter-sharing method has (docs/pfl.md); a base's config model adds its ``name``
     and its own options."""
@@ -141,6 +166,9 @@ class LocalSGDConfig(Section):
     fedlag: FedLAGConfig | None = Field(None, description="wrap the method in FedLAG ([method.fedlag] section)")
     client_dp: ClientDPConfig | None = Field(
         None, description="client-level DP, each client's own noise ([method.client_dp] section; under FedLAG)"
+    )
+    record_dp: RecordDPConfig | None = Field(
+        None, description="record-level DP-SGD in local training ([method.record_dp] section; under FedLAG)"
     )
 
 
@@ -240,6 +268,8 @@ class LocalTraining(Method[SharedState, PersonalState]):
         if workers and device.type != "cpu":
             raise ValueError(f"worker processes run clients on the CPU, not on {device}; set workers = 0.")
         self.pool = WorkerPool(self, workers=workers) if workers else None
+        # record-level DP ([method.record_dp], methods/pfl/private.py): every local SGD run of a fit is DP-SGD
+        self.private_sgd: PrivateSGD | None = None
 
     # ----- what subclasses change ---------------------------------------------------------------------
     def local_program(
@@ -253,6 +283,11 @@ class LocalTraining(Method[SharedState, PersonalState]):
         the loss is the mean per client (a list), which :meth:`sgd` and :func:`per_client` handle."""
         theta, loss = self.sgd(theta, data, rnd)
         return theta, extra, loss
+
+    def fit_epochs(self) -> int:
+        """Epochs of local SGD in one round's :meth:`local_program` (all its SGD runs together), which record-level
+        DP plans its accounting with. Default: ``local_epochs`` (one run); a method with more runs says so."""
+        return self.local_epochs
 
     def init_extra(self) -> Params:
         """Method-specific client tensors before a client's first round."""
@@ -362,6 +397,11 @@ class LocalTraining(Method[SharedState, PersonalState]):
                 project = lambda p: {alpha: p[alpha].clamp(0.0, 1.0)}
         common = {"trainable": trainable, "batch_size": self.batch_size, "epochs": epochs, "lr": self.lr}
         common["momentum"] = self.momentum
+        if self.private_sgd is not None and self.private_sgd.fitting is not None:
+            if isinstance(data, ClientBatch):
+                raise RuntimeError("record-level DP runs a round's clients one by one (vectorize is off).")
+            x, y = data.train
+            return self.private_sgd.run(loss, theta, x, y, aux=aux, project=project, **common)
         if isinstance(data, ClientBatch):
             xs, ys = [d.train[0] for d in data.clients], [d.train[1] for d in data.clients]
             generators = [self.batches(rnd, d.cid, *tag) for d in data.clients]

@@ -44,14 +44,16 @@ import torch
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, RequestRefused
 from fedtailor.fl.schedule import participation_counts
-from fedtailor.methods.pfl.local import ClientDPConfig, LocalTraining, PersonalState, SharedState
+from fedtailor.methods.pfl.local import ClientDPConfig, LocalTraining, PersonalState, RecordDPConfig, SharedState
 from fedtailor.privacy.calibrate import calibrate_sigma
-from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
+from fedtailor.privacy.dpsgd import PrivateSGD, sampling_rate, steps_per_epoch
+from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
 from fedtailor.privacy.mechanisms import release_norm_bound
 from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
 from fedtailor.rng import derive_key, fresh_key
 
 MECHANISM = "client-update"
+RECORD_MECHANISM = "dp-sgd"
 
 
 @dataclass
@@ -61,35 +63,19 @@ class PrivateState(SharedState):
     ledger: PrivacyLedger | None = None
 
 
-class ClientDP(Method[PrivateState, PersonalState]):
-    """``[method.client_dp]`` around ``base``: clipped shared updates with each client's own Gaussian noise."""
+class _PrivateRelease(Method[PrivateState, PersonalState]):
+    """What the two DP wrappers share: the base's API for FedLAG, the ledger (a release is counted when it
+    reaches the server, refused before it is asked for when it would pass the budget), replies that carry the
+    shared values alone (no record count, no loss) within a norm bound, and the unweighted mean."""
 
-    def __init__(
-        self, base: LocalTraining, *, cfg: ClientDPConfig, schedule: np.ndarray, seed: int, clients: list[int]
-    ) -> None:
+    mechanism: str
+    sigma: float
+
+    def __init__(self, base: LocalTraining, *, epsilon: float, delta: float, conversion: str, simulation: bool) -> None:
         if base.update_bound is not None:
-            raise ValueError(
-                "method.update_bound with [method.client_dp]: the DP clip already bounds every update; "
-                "drop update_bound (or set client_dp.clip)."
-            )
-        self.base, self.cfg, self.seed = base, cfg, seed
-        self.name = base.name
-        self.simulation = cfg.randomness == "simulation"
-        self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
-        counts = participation_counts(schedule, max(clients) + 1) if len(schedule) else np.zeros(1, dtype=int)
-        self.t_max = int(counts.max())
-        self.planned = {c: int(counts[c]) for c in clients if c < len(counts) and counts[c]}
-        if self.noisy:
-            self.sigma = cfg.sigma or calibrate_sigma(
-                eps=cfg.epsilon,
-                delta=cfg.delta,
-                t_max=self.t_max,
-                context_sensitivity=0.0,
-                gradient_sensitivity=self.sensitivity,
-                conversion=cfg.conversion,
-            )
-        else:
-            self.sigma = 0.0
+            raise ValueError("method.update_bound with DP: the DP clip already bounds every update; drop update_bound.")
+        self.base, self.name = base, base.name
+        self.epsilon, self.delta, self.conversion, self.simulation = epsilon, delta, conversion, simulation
 
     # the parameter-sharing API a wrapper such as FedLAG reads (WRAPPER_API), the base's own
     def __getattr__(self, name: str) -> Any:
@@ -99,32 +85,49 @@ class ClientDP(Method[PrivateState, PersonalState]):
 
     @property
     def noisy(self) -> bool:
-        return math.isfinite(self.cfg.epsilon)
+        return math.isfinite(self.epsilon)
 
     def _guard(self, ledger: PrivacyLedger) -> BudgetGuard:
-        return BudgetGuard(ledger, target_eps=self.cfg.epsilon)
+        return BudgetGuard(ledger, target_eps=self.epsilon)
+
+    def release_terms(self, cid: int) -> dict[str, Any]:
+        """``sensitivity``, ``sigma`` (and ``sampling_rate``, ``steps``) of client ``cid``'s release in a round."""
+        raise NotImplementedError
+
+    def plan(self) -> dict[int, int]:
+        """Planned releases per client (its rounds in the schedule)."""
+        raise NotImplementedError
+
+    def release_bound(self, cid: int, dim: int) -> float:
+        """The norm an honest release of ``dim`` shared values stays within, but with probability ~1e-12."""
+        raise NotImplementedError
 
     # ----- server side ----------------------------------------------------------------------------------
     def init_server(self) -> PrivateState:
-        ledger = PrivacyLedger(delta=self.cfg.delta, conversion=self.cfg.conversion)
+        ledger = PrivacyLedger(delta=self.delta, conversion=self.conversion)
         if self.noisy:  # the whole schedule checked before anything is released
-            self._guard(ledger).check_plan({c: [(self.sensitivity, self.sigma)] * t for c, t in self.planned.items()})
+            plan = {}
+            for c, t in self.plan().items():
+                terms = self.release_terms(c)
+                one = (terms["sensitivity"], terms["sigma"], terms.get("sampling_rate", 1.0), terms.get("steps", 1))
+                plan[c] = [one] * t
+            self._guard(ledger).check_plan(plan)
         base = self.base.init_server()
         return PrivateState(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, ledger=ledger)
 
     def configure_fit(self, server: PrivateState, rnd: int, cid: int) -> Message:
         if self.noisy:  # refused here if over budget; recorded when the release arrives
             self._guard(server.ledger).check_release(
-                client=cid, round=rnd, sensitivity=self.sensitivity, sigma=self.sigma, mechanism=MECHANISM
+                client=cid, round=rnd, mechanism=self.mechanism, **self.release_terms(cid)
             )
         return self.base.configure_fit(server, rnd, cid)
 
     def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
-        """Record the release (it left the client), then accept exactly the shared values as float32 tensors,
-        finite, within the honest norm bound of ``theta_g[S]``."""
-        if self.noisy and not server.ledger.recorded(client=cid, round=rnd, mechanism=MECHANISM):
+        """Record the release (it left the client), then accept exactly the shared values as tensors of their
+        dtype, finite, within the honest norm bound of ``theta_g[S]``."""
+        if self.noisy and not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
             self._guard(server.ledger).record(
-                client=cid, round=rnd, sensitivity=self.sensitivity, sigma=self.sigma, mechanism=MECHANISM
+                client=cid, round=rnd, mechanism=self.mechanism, **self.release_terms(cid)
             )
         names = self.base.shared_names(server)
         if set(reply.arrays) != set(names):
@@ -134,12 +137,9 @@ class ClientDP(Method[PrivateState, PersonalState]):
         for n in names:
             t = reply.array(n, shape=tuple(self.base.shapes[n]), dtype=self.base.theta0[n].dtype)
             sq += float((t.double() - server.params[n].double().to(t.device)).pow(2).sum())
-        bound = release_norm_bound(self.cfg.clip, self.sigma, self._dim(names))
+        bound = self.release_bound(cid, sum(self.base.shapes[n].numel() for n in names))
         if not math.isfinite(sq) or math.sqrt(sq) > bound:
-            raise InvalidMessage(f"release of client {cid} is longer than a clipped update plus noise reaches.")
-
-    def _dim(self, names: tuple[str, ...] | list[str]) -> int:
-        return sum(self.base.shapes[n].numel() for n in names)
+            raise InvalidMessage(f"release of client {cid} is longer than an honest private update reaches.")
 
     def aggregate_fit(
         self, server: PrivateState, rnd: int, replies: dict[int, Message]
@@ -160,6 +160,84 @@ class ClientDP(Method[PrivateState, PersonalState]):
 
     def client_fit(self, msg: Message, state: PersonalState | None, data: ClientData) -> tuple[Message, PersonalState]:
         return self.client_fit_many({data.cid: msg}, {data.cid: state}, {data.cid: data})[data.cid]
+
+    def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
+        return self.base.client_evaluate(msg, state, data)
+
+    def close(self) -> None:
+        self.base.close()
+
+    def deployment_risks(self) -> dict[str, str]:
+        risks = dict(self.base.deployment_risks())
+        if self.simulation:
+            risks["simulation-randomness"] = "DP randomness is 'simulation': every noise draw follows from the seed"
+        return risks
+
+    def artifacts(self, server: PrivateState) -> dict[str, str]:
+        return {"privacy_ledger.json": server.ledger.to_json()}
+
+    def _summary(self, server: PrivateState, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
+        eps = server.ledger.epsilons() if self.noisy else {}
+        void = [] if self.noisy else ["no noise (epsilon = inf): updates clipped only"]
+        return {
+            **self.base.summary(server),
+            "dp": kind,
+            **extra,
+            "epsilon_target": self.epsilon,
+            "epsilon_max": max(eps.values()) if eps else float("inf"),
+            "epsilon_conversion": self.conversion,
+            "delta": self.delta,
+            "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
+            "randomness": "simulation" if self.simulation else "secure",
+            "epsilon_holds_against": (
+                "whoever does not know the config's seed"
+                if self.simulation
+                else "the server (state, checkpoints, logs) and every output: each client's noise from its own key"
+            ),
+            "epsilon_void": bool(void),
+            "epsilon_void_reasons": void,
+            "releases": len(server.ledger.releases),
+        }
+
+
+class ClientDP(_PrivateRelease):
+    """``[method.client_dp]`` around ``base``: clipped shared updates with each client's own Gaussian noise."""
+
+    mechanism = MECHANISM
+
+    def __init__(
+        self, base: LocalTraining, *, cfg: ClientDPConfig, schedule: np.ndarray, seed: int, clients: list[int]
+    ) -> None:
+        super().__init__(
+            base,
+            epsilon=cfg.epsilon,
+            delta=cfg.delta,
+            conversion=cfg.conversion,
+            simulation=cfg.randomness == "simulation",
+        )
+        self.cfg, self.seed = cfg, seed
+        self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
+        self.planned = _participations(schedule, clients)
+        self.t_max = max(self.planned.values(), default=0)
+        self.sigma = 0.0
+        if self.noisy:
+            self.sigma = cfg.sigma or calibrate_sigma(
+                eps=cfg.epsilon,
+                delta=cfg.delta,
+                t_max=self.t_max,
+                context_sensitivity=0.0,
+                gradient_sensitivity=self.sensitivity,
+                conversion=cfg.conversion,
+            )
+
+    def plan(self) -> dict[int, int]:
+        return self.planned
+
+    def release_terms(self, cid: int) -> dict[str, Any]:
+        return {"sensitivity": self.sensitivity, "sigma": self.sigma}
+
+    def release_bound(self, cid: int, dim: int) -> float:
+        return release_norm_bound(self.cfg.clip, self.sigma, dim)
 
     def client_fit_many(
         self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
@@ -194,46 +272,123 @@ class ClientDP(Method[PrivateState, PersonalState]):
             start += size
         return Message(arrays=arrays)
 
-    def client_evaluate(self, msg: Message, state: PersonalState | None, data: ClientData) -> Metrics:
-        return self.base.client_evaluate(msg, state, data)
-
-    def close(self) -> None:
-        self.base.close()
-
-    # ----- run summary ------------------------------------------------------------------------------------
-    def deployment_risks(self) -> dict[str, str]:
-        risks = dict(self.base.deployment_risks())
-        if self.simulation:
-            risks["simulation-randomness"] = (
-                "method.client_dp.randomness is 'simulation': every noise draw follows from the public seed"
-            )
-        return risks
-
     def summary(self, server: PrivateState) -> dict[str, Any]:
-        eps = server.ledger.epsilons() if self.noisy else {}
-        void = [] if self.noisy else ["no noise (client_dp.epsilon = inf): updates clipped only"]
-        return {
-            **self.base.summary(server),
-            "dp": "client-level, each client's own noise",
+        extra = {
             "dp_clip": self.cfg.clip,
             "sigma": self.sigma,
             "noise_multiplier": self.sigma / self.cfg.clip,
             "T_max": self.t_max,
-            "epsilon_target": self.cfg.epsilon,
-            "epsilon_max": max(eps.values()) if eps else float("inf"),
-            "epsilon_conversion": self.cfg.conversion,
-            "delta": self.cfg.delta,
-            "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
-            "randomness": self.cfg.randomness,
-            "epsilon_holds_against": (
-                "whoever does not know the config's seed"
-                if self.simulation
-                else "the server (state, checkpoints, logs) and every output: each client's noise from its own key"
-            ),
-            "epsilon_void": bool(void),
-            "epsilon_void_reasons": void,
-            "releases": len(server.ledger.releases),
+        }
+        return self._summary(server, "client-level, each client's own noise", extra)
+
+
+class RecordDP(_PrivateRelease):
+    """``[method.record_dp]`` around ``base``: every local SGD run of a client's fit is DP-SGD
+    (:mod:`fedtailor.privacy.dpsgd`), so everything the client keeps or sends is post-processing of noisy steps;
+    what it sends is the base's shared values alone."""
+
+    mechanism = RECORD_MECHANISM
+
+    def __init__(
+        self,
+        base: LocalTraining,
+        *,
+        cfg: RecordDPConfig,
+        schedule: np.ndarray,
+        seed: int,
+        sizes: dict[int, int],
+    ) -> None:
+        super().__init__(
+            base,
+            epsilon=cfg.epsilon,
+            delta=cfg.delta,
+            conversion=cfg.conversion,
+            simulation=cfg.randomness == "simulation",
+        )
+        self.cfg, self.sizes = cfg, sizes
+        base.vectorize, base.pool = False, None  # one client at a time, in this process (its PrivateSGD runs)
+        self.planned = _participations(schedule, sorted(sizes))
+        self.steps = {c: base.fit_epochs() * steps_per_epoch(n, base.batch_size) for c, n in sizes.items()}
+        self.rates = {c: sampling_rate(n, base.batch_size) for c, n in sizes.items()}
+        self.noise_multiplier = 0.0
+        if self.noisy:
+            self.noise_multiplier = cfg.noise_multiplier or self._calibrate()
+        self.sigma = self.noise_multiplier * cfg.clip
+        base.private_sgd = PrivateSGD(
+            clip=cfg.clip, noise_multiplier=self.noise_multiplier, simulation=self.simulation, seed=seed
+        )
+
+    def _calibrate(self) -> float:
+        """The smallest noise multiplier (to 0.1%) that keeps every client's planned DP-SGD within the target."""
+        totals = {(self.rates[c], self.steps[c] * t) for c, t in self.planned.items()}
+
+        def worst(z: float) -> float:
+            return max(sampled_epsilon([(1.0, z, q, s)], delta=self.delta) for q, s in totals)
+
+        lo, hi = 0.05, 1.0
+        while worst(hi) > self.epsilon:
+            lo, hi = hi, hi * 4
+            if hi > 1e6:
+                raise ValueError(f"no noise multiplier reaches eps = {self.epsilon}; raise the target.")
+        while hi / lo > 1.001:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if worst(mid) > self.epsilon else (lo, mid)
+        return hi
+
+    def plan(self) -> dict[int, int]:
+        return self.planned
+
+    def release_terms(self, cid: int) -> dict[str, Any]:
+        return {
+            "sensitivity": self.cfg.clip,
+            "sigma": self.sigma,
+            "sampling_rate": self.rates[cid],
+            "steps": self.steps[cid],
         }
 
-    def artifacts(self, server: PrivateState) -> dict[str, str]:
-        return {"privacy_ledger.json": server.ledger.to_json()}
+    def release_bound(self, cid: int, dim: int) -> float:
+        """Every step moves a parameter by ``eta ||g~||`` with ``||g~|| <= (N C + zeta C (sqrt(d) + t)) / (q N)``
+        (all N records sampled at most, the Gaussian norm bound of :func:`release_norm_bound`), heavy ball at
+        most ``1 / (1 - momentum)`` times that: over the round's steps a loose but fixed bound."""
+        n, q = self.sizes[cid], self.rates[cid]
+        d = sum(t.numel() for t in self.base.theta0.values())
+        step = release_norm_bound(n * self.cfg.clip, self.sigma, d) / (q * n)
+        return self.base.lr * self.steps[cid] * step / (1.0 - self.base.momentum)
+
+    def client_fit_many(
+        self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
+    ) -> dict[int, tuple[Message, PersonalState]]:
+        """Each client's fit with DP-SGD in every local run, its noisy steps checked against the plan; the reply
+        keeps the shared values alone."""
+        out = {}
+        for c in sorted(msgs):
+            rnd = int(msgs[c].config["round"])
+            sgd = self.base.private_sgd
+            sgd.start(rnd, c)
+            try:
+                reply, new = self.base.client_fit(msgs[c], states.get(c), data[c])
+            finally:
+                sgd.stop()
+            if self.noisy and sgd.steps != self.steps[c]:
+                raise RuntimeError(
+                    f"client {c} took {sgd.steps} DP-SGD steps in round {rnd}, its plan {self.steps[c]} "
+                    f"({type(self.base).__name__}.fit_epochs does not match its local program)."
+                )
+            out[c] = (Message(arrays=reply.arrays), new)
+        return out
+
+    def summary(self, server: PrivateState) -> dict[str, Any]:
+        extra = {
+            "dp_clip": self.cfg.clip,
+            "noise_multiplier": self.noise_multiplier,
+            "sigma": self.sigma,
+            "steps_per_round_max": max(self.steps.values(), default=0),
+            "sampling_rate_max": max(self.rates.values(), default=0.0),
+        }
+        return self._summary(server, "record-level DP-SGD (add/remove one record), each client's own noise", extra)
+
+
+def _participations(schedule: np.ndarray, clients: list[int]) -> dict[int, int]:
+    """Each client's number of rounds in the schedule (those with at least one)."""
+    counts = participation_counts(schedule, max(clients) + 1) if len(schedule) else np.zeros(1, dtype=int)
+    return {c: int(counts[c]) for c in clients if c < len(counts) and counts[c]}

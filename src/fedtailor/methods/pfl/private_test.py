@@ -171,3 +171,93 @@ def test_the_ledger_survives_a_checkpoint(tmp_path):
     save_checkpoint(tmp_path / "ck.pt", result.state, setup.schedule)
     back = load_checkpoint(tmp_path / "ck.pt", setup.schedule).server
     assert back.ledger.to_json() == result.state.server.ledger.to_json() and len(back.ledger.releases) == 10
+
+
+# ----- record-level DP-SGD -----------------------------------------------------------------------------------
+RECORD = ["method.record_dp.clip=1.0", "method.record_dp.epsilon=8", 'method.record_dp.randomness="simulation"']
+
+
+def test_a_dp_sgd_step_is_the_noisy_clipped_sum_over_the_sampled_records_by_hand():
+    """Six records, expected batch 2 (q = 1/3, three steps a pass): step 0 samples records 0, 2, 4 (their uniforms
+    below q) and adds the given noise; steps 1 and 2 sample nothing and add zero noise, so the result is one step
+    ``w - eta (sum_i clip_C(g_i) + zeta C z) / (q N)`` computed here by autograd, record by record."""
+    from fedtailor.privacy.dpsgd import dp_sgd
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    x, y = torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
+    loss = lambda p, aux, xb, yb: torch.nn.functional.cross_entropy(xb @ p["w"].T, yb)
+    u = torch.tensor([0.1, 0.9, 0.3, 0.6, 0.2, 0.8], dtype=torch.float64)
+    z = torch.randn(12, generator=gen, dtype=torch.float64)
+    new, _, steps = dp_sgd(
+        loss, {"w": w}, x, y, trainable={"w"}, epochs=1, batch_size=2, lr=0.5, clip=0.3, noise_multiplier=1.7,
+        uniforms=lambda s, n: u if s == 0 else torch.ones(n, dtype=torch.float64),
+        noise=lambda s, size: z if s == 0 else torch.zeros(size, dtype=torch.float64),
+    )  # fmt: skip
+    assert steps == 3
+    total = torch.zeros_like(w)
+    for i in (0, 2, 4):
+        wi = w.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(loss({"w": wi}, {}, x[i : i + 1], y[i : i + 1]), [wi])
+        assert float(g.norm()) > 0.3  # every clip is active
+        total += g * (0.3 / float(g.norm()))
+    want = w - 0.5 * (total + 1.7 * 0.3 * z.reshape(3, 4)) / (6 / 3)
+    torch.testing.assert_close(new["w"], want, rtol=1e-12, atol=1e-12)
+
+
+def test_one_record_moves_the_pre_noise_sum_by_at_most_the_clip():
+    from fedtailor.privacy.dpsgd import clipped_sum
+
+    gen = torch.Generator().manual_seed(1)
+    grads = {"a": torch.randn(9, 5, 3, generator=gen) * 10, "b": torch.randn(9, 2, generator=gen) * 10}
+    for huge in (1e-3, 1.0, 1e6):
+        extra = {"a": torch.full((1, 5, 3), huge), "b": torch.full((1, 2), -huge)}
+        with_one = clipped_sum({n: torch.cat([grads[n], extra[n]]) for n in grads}, clip=0.7)[0]
+        without = clipped_sum(grads, clip=0.7)[0]
+        moved = torch.cat([(with_one[n] - without[n]).reshape(-1) for n in grads]).norm()
+        assert float(moved) <= 0.7 * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedrep", "fedbabu", "ditto", "fedrod", "lgfedavg", "apfl"])
+def test_record_dp_runs_every_base_with_its_planned_steps_and_each_clients_eps(name):
+    from fedtailor.methods.pfl.private import RecordDP
+
+    setup, method = build(name, *RECORD)
+    assert isinstance(method, RecordDP) and method.noise_multiplier > 0 and not method.base.vectorize
+    result = run_federated(method, setup.clients, setup.schedule, progress=False)  # steps checked every fit
+    summary = method.summary(result.state.server)
+    assert summary["epsilon_max"] <= 8 * (1 + 1e-9) and summary["epsilon_max"] > 7.5  # calibrated to 0.1%
+    releases = result.state.server.ledger.releases
+    assert len(releases) == setup.schedule.size and all(0 < r.sampling_rate < 1 and r.steps > 1 for r in releases)
+    client = releases[0].client
+    mine = [r for r in releases if r.client == client]
+    theirs = rdp.RdpAccountant()  # dp-accounting's default orders (fractional ones too): never above ours
+    event = dp_event.PoissonSampledDpEvent(mine[0].sampling_rate, dp_event.GaussianDpEvent(method.noise_multiplier))
+    theirs.compose(event, sum(r.steps for r in mine))
+    ours = summary["epsilon_per_client"][str(client)]
+    assert theirs.get_epsilon(1e-5) - 1e-9 <= ours <= 1.02 * theirs.get_epsilon(1e-5)
+
+
+def test_record_dp_noise_and_sampling_are_the_clients_own_and_replies_carry_the_shared_values_alone():
+    setup, method = build("fedper", "method.record_dp.clip=1.0", "method.record_dp.epsilon=8")
+    assert method.cfg.randomness == "secure"
+    server = method.init_server()
+    c = int(setup.schedule[0, 0])
+    first, second = (_fit(method, server, setup, 1, [c])[1][c][0] for _ in range(2))
+    assert not first.config and set(first.arrays) == set(method.base.shared_names(server))
+    assert any(not torch.equal(first.arrays[n], second.arrays[n]) for n in first.arrays)
+    method.validate_reply(server, "fit", 1, c, first)
+    with pytest.raises(InvalidMessage):
+        method.validate_reply(server, "fit", 1, c, Message(arrays=first.arrays, config={"num_examples": 1}))
+    with pytest.raises(ValueError, match="choose one"):
+        build("fedavg", *RECORD, *SIM)
+
+
+def test_record_dp_refuses_a_plan_over_budget_and_keeps_its_ledger_through_a_checkpoint(tmp_path):
+    with pytest.raises(PrivacyBudgetExceeded, match="planned schedule"):
+        build("fedavg", *RECORD, "method.record_dp.noise_multiplier=0.3")[1].init_server()
+    setup, method = build("ditto", *RECORD, *LAG)
+    result = run_federated(method, setup.clients, setup.schedule[:2], progress=False)
+    save_checkpoint(tmp_path / "ck.pt", result.state, setup.schedule)
+    back = load_checkpoint(tmp_path / "ck.pt", setup.schedule).server.base.ledger
+    assert back.to_json() == result.state.server.base.ledger.to_json() and back.releases[0].sampling_rate < 1

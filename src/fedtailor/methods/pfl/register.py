@@ -13,7 +13,7 @@ from fedtailor.fl.registry import MethodSpec, register_method
 from fedtailor.fl.setup import train_sizes
 from fedtailor.methods.pfl.fedlag import FedLAG
 from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining
-from fedtailor.methods.pfl.private import ClientDP
+from fedtailor.methods.pfl.private import ClientDP, RecordDP
 
 
 def register_base(
@@ -48,13 +48,18 @@ def register_base(
             unseen_finetune_epochs=m.unseen_finetune_epochs,
             **{o: getattr(m, o) for o in options},
         )
+        if m.client_dp is not None and m.record_dp is not None:
+            raise ValueError("choose one of [method.client_dp] and [method.record_dp].")
         if m.client_dp is not None:
             clients = sorted(setup.clients)
             base = ClientDP(base, cfg=m.client_dp, schedule=setup.schedule, seed=setup.cfg.seed, clients=clients)
+        if m.record_dp is not None:
+            sizes = train_sizes(setup.clients)
+            base = RecordDP(base, cfg=m.record_dp, schedule=setup.schedule, seed=setup.cfg.seed, sizes=sizes)
         if m.fedlag is None:
             return base
         f = m.fedlag
-        if m.client_dp is not None and (f.rechoose or f.update == "gradient"):
+        if (m.client_dp or m.record_dp) is not None and (f.rechoose or f.update == "gradient"):
             raise ValueError(
                 "[method.fedlag] with [method.client_dp] scores the released (noisy) updates only: rechoose and "
                 'update = "gradient" would send unprotected reports; set rechoose = false and update = "delta".'

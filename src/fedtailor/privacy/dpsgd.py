@@ -1,0 +1,179 @@
+"""DP-SGD on one client's records: *Deep Learning with Differential Privacy* (Abadi, Chu, Goodfellow, McMahan,
+Mironov, Talwar, Zhang 2016, arXiv:1607.00133), Algorithm 1 with Poisson sampling as in Opacus.
+
+A step ``s`` of :func:`dp_sgd`, on trainable parameters ``theta`` of a client with ``N`` records:
+
+    B_s = {z : U_z < q},  U_z ~ Uniform(0, 1) independently,  q = min(1, b / N)     (Poisson sampling)
+    g~_s = ( sum_{z in B_s} clip_C(grad l(theta; z)) + N(0, (zeta C)^2 I) ) / (q N)
+    theta <- theta - eta g~_s    (heavy-ball momentum on g~_s, post-processing, when asked)
+
+with ``clip_C(v) = v min{1, C / ||v||_2}`` taken jointly over every trainable tensor, ``b`` the expected batch
+size, ``zeta`` the noise multiplier and the fixed denominator ``q N`` (the expected batch size, public). Adding or
+removing one record moves the pre-noise sum by at most ``C``, so each step is the Poisson-subsampled Gaussian
+mechanism with noise multiplier ``zeta`` (add/remove-one-record adjacency): what
+:class:`~fedtailor.privacy.ledger.PrivacyLedger` composes with dp-accounting. A pass is ``ceil(N / b)`` steps.
+
+Randomness: the sampling's uniforms and the noise come from one key (:class:`PrivateSGD`): derived from the seed
+in simulation, 256 bits of the client's own OS entropy in secure mode, where both are unknown to the server (a
+sampling known to the server would void the amplification by sampling), each step's draws from its own label.
+
+Per-record gradients come from ``torch.func`` (``vmap`` of ``grad`` of the loss on one record), so any model
+without cross-record layers works (batch normalisation is refused by the caller's model check).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import grad_and_value, vmap
+
+from fedtailor.privacy.noise import gaussian_noise, open_unit, secure_gaussian_noise, secure_stream_words, stream_words
+from fedtailor.rng import derive_key, fresh_key
+
+Params = dict[str, torch.Tensor]
+LossFn = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
+DrawFn = Callable[[int, int], torch.Tensor]  # (step, size) -> float64 draws of that size
+
+
+def steps_per_epoch(records: int, batch_size: int) -> int:
+    """DP-SGD steps of one pass over ``records`` at expected batch size ``batch_size``: ``ceil(N / b)``."""
+    return max(1, math.ceil(records / batch_size))
+
+
+def sampling_rate(records: int, batch_size: int) -> float:
+    """Poisson sampling rate ``q = min(1, b / N)``."""
+    return min(1.0, batch_size / records)
+
+
+def clipped_sum(grads: Params, *, clip: float) -> tuple[Params, torch.Tensor]:
+    """``sum_z clip_C(g_z)`` of per-record gradients (leading axis: records), the clip joint over every tensor;
+    returns the sums and the per-record norms before clipping."""
+    flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads.values()], dim=1)
+    norms = torch.linalg.vector_norm(flat, dim=1)
+    scale = (clip / norms.clamp_min(1e-300)).clamp(max=1.0)
+    return {n: torch.einsum("b,b...->...", scale.to(g.dtype), g) for n, g in grads.items()}, norms
+
+
+def dp_sgd(
+    loss_fn: LossFn,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    trainable: Collection[str],
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    clip: float,
+    noise_multiplier: float,
+    uniforms: DrawFn,
+    noise: DrawFn,
+    aux: Params | None = None,
+    momentum: float = 0.0,
+    project: Callable[[Params], Params] | None = None,
+) -> tuple[Params, float, int]:
+    """``epochs`` passes of DP-SGD (module docstring) on ``loss_fn(params, aux, x_batch, y_batch)`` (a mean over
+    the batch) over the names in ``trainable``; step ``s`` samples with ``uniforms(s, N)`` and adds
+    ``noise(s, size)`` (standard normal) scaled by ``zeta C``. Returns the new parameters (inputs unchanged),
+    the mean loss over the sampled records (not private: for the caller's divergence check only) and the
+    number of noisy steps."""
+    if len(x) == 0:
+        raise ValueError("DP-SGD got no records.")
+    names = [n for n in params if n in set(trainable)]
+    theta = {n: t.detach().clone() for n, t in params.items()}
+    aux = aux or {}
+    q = sampling_rate(len(x), batch_size)
+    steps = epochs * steps_per_epoch(len(x), batch_size)
+    sizes = [theta[n].numel() for n in names]
+
+    def record_loss(live: Params, fixed: Params, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        return loss_fn({**fixed, **live}, aux, xi[None], yi[None])
+
+    per_record = vmap(grad_and_value(record_loss), in_dims=(None, None, 0, 0))
+    velocity = {n: torch.zeros_like(theta[n]) for n in names}
+    total, count = 0.0, 0
+    for step in range(steps):
+        chosen = (uniforms(step, len(x)) < q).nonzero().reshape(-1).to(x.device)
+        live = {n: theta[n] for n in names}
+        fixed = {n: t for n, t in theta.items() if n not in live}
+        if len(chosen):
+            grads, losses = per_record(live, fixed, x[chosen], y[chosen])
+            sums, _ = clipped_sum(grads, clip=clip)
+            total += float(losses.sum())
+            count += len(chosen)
+        else:
+            sums = {n: torch.zeros_like(theta[n]) for n in names}
+        z = noise(step, sum(sizes)).to(device=x.device)
+        start, noisy = 0, {}
+        for n, size in zip(names, sizes):
+            part = z[start : start + size].reshape(theta[n].shape)
+            noisy[n] = (sums[n].double() + noise_multiplier * clip * part).to(theta[n].dtype) / (q * len(x))
+            start += size
+        with torch.no_grad():
+            for n in names:
+                g = noisy[n]
+                if momentum:
+                    velocity[n] = velocity[n].mul(momentum).add_(g)
+                    g = velocity[n]
+                theta[n] = theta[n] - lr * g
+            if project is not None:
+                theta.update(project(theta))
+    return theta, (total / count if count else 0.0), steps
+
+
+@dataclass
+class PrivateSGD:
+    """The DP-SGD a record-level DP wrapper gives its base method: every local SGD run of a client's fit is
+    :func:`dp_sgd` with these settings, its randomness from the key ``(seed, "dp-sgd", round, client, call)``
+    (simulation) or a fresh OS-entropy key per run (secure); ``steps`` counts the noisy steps of the fit in
+    progress, which the wrapper checks against its plan. ``fitting`` is ``(round, client)`` during a fit (None:
+    plain SGD, e.g. an evaluation's fine-tuning, whose model never leaves the client)."""
+
+    clip: float
+    noise_multiplier: float
+    simulation: bool
+    seed: int
+    fitting: tuple[int, int] | None = None
+    calls: int = 0
+    steps: int = 0
+
+    def start(self, rnd: int, cid: int) -> None:
+        self.fitting, self.calls, self.steps = (rnd, cid), 0, 0
+
+    def stop(self) -> None:
+        self.fitting = None
+
+    def run(self, loss_fn: LossFn, params: Params, x: torch.Tensor, y: torch.Tensor, **sgd) -> tuple[Params, float]:
+        """One local SGD run of the fit in progress as DP-SGD (``sgd``: :func:`dp_sgd`'s other arguments)."""
+        if self.fitting is None:
+            raise RuntimeError("PrivateSGD.run outside a client's fit.")
+        rnd, cid = self.fitting
+        key = derive_key(self.seed, "dp-sgd", rnd, cid, self.calls) if self.simulation else fresh_key()
+        words, normal = (
+            (stream_words, gaussian_noise) if self.simulation else (secure_stream_words, secure_gaussian_noise)
+        )
+        self.calls += 1
+
+        def uniforms(step: int, n: int) -> torch.Tensor:
+            return torch.from_numpy(open_unit(words(key, "sample", step, count=n)))
+
+        def noise(step: int, size: int) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(normal(key, "noise", step, sigma=1.0, size=size)))
+
+        theta, loss, steps = dp_sgd(
+            loss_fn,
+            params,
+            x,
+            y,
+            clip=self.clip,
+            noise_multiplier=self.noise_multiplier,
+            uniforms=uniforms,
+            noise=noise,
+            **sgd,
+        )
+        self.steps += steps
+        return theta, loss
