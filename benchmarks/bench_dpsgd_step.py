@@ -1,0 +1,104 @@
+"""One local DP-SGD step of record-level DP (``[method.record_dp]``, :func:`fedtailor.privacy.dpsgd.dp_sgd`) against
+a non-private SGD step and against Opacus (``GradSampleModule`` + ``DPOptimizer``, the same clip, noise
+multiplier and expected batch) on the same model and batch, side by side in one run, for the FedLAG setup's DNN
+and FedAvgCNN on MNIST-shaped records. Each step: a forward and backward of the batch, and for the private paths
+per-record gradients, the joint clip, Gaussian noise of every parameter and the update. fedtailor's noise is the
+simulation sampler (SHAKE-256, ``--noise simulation``) or the secure one (ChaCha20, four draws per output,
+``--noise secure``); Opacus's is ``torch.normal`` (its ``secure_mode`` needs torchcsprng, not installed here).
+
+    python benchmarks/bench_dpsgd_step.py [--threads 1] [--batch 16] [--repeat 20] [--noise secure] [--no-save]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import report, time_call
+
+from fedtailor.models.pflnets import DNN, FedAvgCNN
+from fedtailor.privacy.dpsgd import dp_sgd
+from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
+from fedtailor.rng import derive_key
+
+CLIP, NOISE, LR = 1.0, 1.1, 0.005
+
+
+def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def fedtailor_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, noise: str) -> dict:
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    loss = lambda p, aux, xb, yb: F.cross_entropy(torch.func.functional_call(model, p, (xb,)), yb)
+    key = derive_key(0, "bench")
+    normal = gaussian_noise if noise == "simulation" else secure_gaussian_noise
+    new, _, _ = dp_sgd(
+        loss, params, x, y, trainable=set(params), epochs=1, batch_size=len(x), lr=LR, clip=CLIP,
+        noise_multiplier=NOISE, uniforms=lambda s, n: torch.zeros(n, dtype=torch.float64),
+        noise=lambda s, size: torch.from_numpy(normal(key, "noise", s, sigma=1.0, size=size)),
+    )  # fmt: skip
+    return new
+
+
+def measure(name: str, make: type[torch.nn.Module], args: argparse.Namespace) -> dict:
+    """One model's row: the three steps on the same batch, each timed over ``args.repeat`` calls."""
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    torch.manual_seed(0)
+    x, y = torch.rand(args.batch, 1, 28, 28), torch.randint(0, 10, (args.batch,))
+    plain, ours = make(), make()
+    opt = torch.optim.SGD(plain.parameters(), lr=LR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = GradSampleModule(make())
+        dp_opt = DPOptimizer(
+            torch.optim.SGD(theirs.parameters(), lr=LR),
+            noise_multiplier=NOISE,
+            max_grad_norm=CLIP,
+            expected_batch_size=args.batch,
+        )
+    t_plain = time_call(lambda: plain_step(plain, opt, x, y), repeat=args.repeat, warmup=3)
+    t_ours = time_call(lambda: fedtailor_step(ours, x, y, args.noise), repeat=args.repeat, warmup=3)
+    t_opacus = time_call(lambda: plain_step(theirs, dp_opt, x, y), repeat=args.repeat, warmup=3)
+    return {
+        "model": name,
+        "parameters": sum(p.numel() for p in plain.parameters()),
+        "batch": args.batch,
+        "SGD ms": 1e3 * t_plain,
+        "fedtailor DP-SGD ms": 1e3 * t_ours,
+        "Opacus ms": 1e3 * t_opacus,
+        "fedtailor / SGD": t_ours / t_plain,
+        "Opacus / fedtailor": t_opacus / t_ours,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--noise", choices=("simulation", "secure"), default="secure")
+    ap.add_argument("--no-save", action="store_true", help="print only (a check run, not for RESULTS.md)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = [measure(name, make, args) for name, make in (("dnn", DNN), ("fedavgcnn", FedAvgCNN))]
+    report(
+        "One local DP-SGD step (per-record clip + noise + update) against plain SGD and Opacus",
+        rows,
+        notes=f"noise: fedtailor {args.noise} sampler, Opacus torch.normal; clip {CLIP}, noise multiplier {NOISE}",
+        save=not args.no_save,
+    )
+
+
+if __name__ == "__main__":
+    main()
