@@ -314,6 +314,10 @@ FLOWER_PATHS["ditto under FedLAG (unseen clients)"] = [
 DP = ['method.client_dp.randomness="simulation"', "method.client_dp.clip=0.5", "method.client_dp.epsilon=2000"]
 FLOWER_PATHS["fedavg with client DP"] = [*IMAGE, 'method.name="fedavg"', *DP]
 FLOWER_PATHS["fedper under FedLAG with client DP"] = [*FLOWER_PATHS["fedper"], *DP]
+FLOWER_PATHS["fedavg with client DP over LRSUQ"] = [
+    *FLOWER_PATHS["fedavg with client DP"],
+    'method.client_dp.codec="lrsuq"',
+]
 RECORD_DP = ['method.record_dp.randomness="simulation"', "method.record_dp.epsilon=8"]
 FLOWER_PATHS["ditto under FedLAG with record DP-SGD"] = [*FLOWER_PATHS["ditto"], *RECORD_DP]
 # need the language model: covered by their own tests and test_flower_dpo

@@ -316,5 +316,9 @@ class FedLAG(Method[LagState, PersonalState]):
 
 
 def _without_reports(reply: Message) -> Message:
+    """``reply`` without its reports: the same message when it has none (a wrapper below may decode a payload
+    into it while validating, and the aggregation must then see the decoded values)."""
+    if not any(n.startswith(REPORT) for n in reply.arrays):
+        return reply
     arrays = {n: t for n, t in reply.arrays.items() if not n.startswith(REPORT)}
     return Message(arrays=arrays, config=reply.config)

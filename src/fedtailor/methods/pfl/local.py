@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 from torch.func import functional_call
 
@@ -99,6 +99,17 @@ class ClientDPConfig(Section):
         description="'secure': each client's noise from 256 bits of its OS entropy (not reproducible); "
         "'simulation': derived from the seed (reproducible; eps holds only while the seed is secret)",
     )
+    codec: Literal["fp32", "lrsuq"] = Field(
+        "fp32",
+        description="the uplink: the noisy update in float32, or the clipped update sent by LRSUQ, which realises "
+        "its Gaussian noise exactly in a padded message of a few bits per coordinate (docs/privacy.md)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ClientDPConfig:
+        if self.codec == "lrsuq" and not math.isfinite(self.epsilon):
+            raise ValueError("client_dp.codec 'lrsuq' realises Gaussian noise; without noise (epsilon = inf) use fp32.")
+        return self
 
 
 class RecordDPConfig(Section):

@@ -41,8 +41,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedtailor.codecs import CodecError, get_codec
+from fedtailor.codecs.format import abstention, fits, pad, unpad
+from fedtailor.codecs.profile import public_codec_profile
 from fedtailor.fl.method import Method
-from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, RequestRefused
+from fedtailor.fl.records import Abstained, ClientData, InvalidMessage, Message, Metrics, RequestRefused
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.methods.pfl.local import ClientDPConfig, LocalTraining, PersonalState, RecordDPConfig, SharedState
 from fedtailor.privacy.calibrate import calibrate_sigma
@@ -176,6 +179,12 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
     def artifacts(self, server: PrivateState) -> dict[str, str]:
         return {"privacy_ledger.json": server.ledger.to_json()}
 
+    def holds_against(self) -> str:
+        """Whom the reported eps covers (docs/privacy.md)."""
+        if self.simulation:
+            return "whoever does not know the config's seed"
+        return "the server (state, checkpoints, logs) and every output: each client's noise from its own key"
+
     def _summary(self, server: PrivateState, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
         eps = server.ledger.epsilons() if self.noisy else {}
         void = [] if self.noisy else ["no noise (epsilon = inf): updates clipped only"]
@@ -189,11 +198,7 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
             "delta": self.delta,
             "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
             "randomness": "simulation" if self.simulation else "secure",
-            "epsilon_holds_against": (
-                "whoever does not know the config's seed"
-                if self.simulation
-                else "the server (state, checkpoints, logs) and every output: each client's noise from its own key"
-            ),
+            "epsilon_holds_against": self.holds_against(),
             "epsilon_void": bool(void),
             "epsilon_void_reasons": void,
             "releases": len(server.ledger.releases),
@@ -219,6 +224,8 @@ class ClientDP(_PrivateRelease):
         self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
         self.planned = _participations(schedule, clients)
         self.t_max = max(self.planned.values(), default=0)
+        self.codec = get_codec("lrsuq", coder="ans", block_size=4, lattice="Z") if cfg.codec == "lrsuq" else None
+        self._pad: dict[int, int] = {}
         self.sigma = 0.0
         if self.noisy:
             self.sigma = cfg.sigma or calibrate_sigma(
@@ -238,6 +245,53 @@ class ClientDP(_PrivateRelease):
 
     def release_bound(self, cid: int, dim: int) -> float:
         return release_norm_bound(self.cfg.clip, self.sigma, dim)
+
+    def pad_bytes(self, dim: int) -> int:
+        """The fixed LRSUQ message size for ``dim`` shared values, from public probes only (the same on both
+        sides: the seed, sigma, C and ``dim``); measured once per ``dim`` (FedLAG changes it once)."""
+        if dim not in self._pad:
+            profile = public_codec_profile(self.codec, k=dim, sigma=self.sigma, clip=self.cfg.clip, seed=self.seed)
+            self._pad[dim] = int(profile["pad_bytes"])
+        return self._pad[dim]
+
+    def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        """With LRSUQ the payload is decoded first (only the padded payload, and in secure mode the release key, as
+        fields; a fixed-size abstention is :class:`~fedtailor.fl.records.Abstained`); the reply then holds the
+        decoded shared values, checked as every private reply."""
+        if self.codec is not None and not reply.arrays:
+            self._decode_into(server, rnd, cid, reply)
+        super().validate_reply(server, phase, rnd, cid, reply)
+
+    def _decode_into(self, server: PrivateState, rnd: int, cid: int, reply: Message) -> None:
+        if self.noisy and not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
+            terms = self.release_terms(cid)  # it left the client: counted however it is judged below
+            self._guard(server.ledger).record(client=cid, round=rnd, mechanism=self.mechanism, **terms)
+        reply.only(config={"payload"} if self.simulation else {"payload", "codec_key"})
+        names = self.base.shared_names(server)
+        dim = sum(self.base.shapes[n].numel() for n in names)
+        if self.simulation:
+            key = derive_key(self.seed, "client-dp-codec", rnd, cid)
+        else:
+            raw = reply.value("codec_key", bytes)
+            if len(raw) != 32:
+                raise InvalidMessage(f"release key of client {cid} has {len(raw)} bytes, expected 32.")
+            key = int.from_bytes(raw, "little")
+        payload = unpad(reply.value("payload", bytes), size=self.pad_bytes(dim))
+        if not payload:
+            raise Abstained(f"client {cid} abstained in round {rnd} (its release did not fit the fixed size).")
+        try:
+            g = self.codec.decode(payload, key=key, sigma=self.sigma, dim=dim)
+        except CodecError as err:
+            raise InvalidMessage(f"undecodable release: {err}") from err
+        if not np.all(np.isfinite(g)):
+            raise InvalidMessage("decoded release contains non-finite values.")
+        arrays, start = {}, 0
+        for n in names:
+            size = self.base.shapes[n].numel()
+            value = server.params[n].double() + torch.from_numpy(g[start : start + size]).reshape(self.base.shapes[n])
+            arrays[n] = value.to(server.params[n].dtype)
+            start += size
+        reply.arrays, reply.config = arrays, {}
 
     def client_fit_many(
         self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
@@ -259,6 +313,8 @@ class ClientDP(_PrivateRelease):
         update = torch.cat([(reply.arrays[n].double() - received[n].double()).reshape(-1) for n in names])
         norm = float(torch.linalg.vector_norm(update))
         update = update * min(1.0, self.cfg.clip / norm) if norm > 0 else update
+        if self.codec is not None:  # LRSUQ realises u + N(0, sigma^2 I) exactly from its key
+            return self._encode(update.cpu().numpy(), cid, rnd)
         if self.noisy:
             key = derive_key(self.seed, "client-dp", rnd, cid) if self.simulation else fresh_key()
             sampler = gaussian_noise if self.simulation else secure_gaussian_noise
@@ -272,12 +328,32 @@ class ClientDP(_PrivateRelease):
             start += size
         return Message(arrays=arrays)
 
+    def holds_against(self) -> str:
+        if self.codec is None or self.simulation:
+            return super().holds_against()
+        return (
+            "every output and observer without the clients' release keys; not the decoder (the server), whose keys "
+            "give LRSUQ's shared randomness (docs/privacy.md, 'What a key holder learns')"
+        )
+
+    def _encode(self, u: np.ndarray, cid: int, rnd: int) -> Message:
+        """The LRSUQ release of the clipped update ``u``, padded to the fixed size (an abstention of that size if
+        it would not fit); in secure mode with its fresh key for the decoder."""
+        key = derive_key(self.seed, "client-dp-codec", rnd, cid) if self.simulation else fresh_key()
+        message, size = self.codec.encode(u, key=key, sigma=self.sigma), self.pad_bytes(len(u))
+        config: dict[str, Any] = {"payload": pad(message, size=size) if fits(message, size=size) else abstention(size)}
+        if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
+            config["codec_key"] = key.to_bytes(32, "little")
+        return Message(config=config)
+
     def summary(self, server: PrivateState) -> dict[str, Any]:
         extra = {
             "dp_clip": self.cfg.clip,
             "sigma": self.sigma,
             "noise_multiplier": self.sigma / self.cfg.clip,
             "T_max": self.t_max,
+            "codec": self.cfg.codec,
+            **{f"bits_per_coefficient_d{d}": 8.0 * b / d for d, b in sorted(self._pad.items())},
         }
         return self._summary(server, "client-level, each client's own noise", extra)
 

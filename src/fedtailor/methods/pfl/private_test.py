@@ -261,3 +261,54 @@ def test_record_dp_refuses_a_plan_over_budget_and_keeps_its_ledger_through_a_che
     save_checkpoint(tmp_path / "ck.pt", result.state, setup.schedule)
     back = load_checkpoint(tmp_path / "ck.pt", setup.schedule).server.base.ledger
     assert back.to_json() == result.state.server.base.ledger.to_json() and back.releases[0].sampling_rate < 1
+
+
+# ----- the exact compressed uplink ---------------------------------------------------------------------------
+LRSUQ = ["method.client_dp.clip=0.5", "method.client_dp.epsilon=200", 'method.client_dp.codec="lrsuq"']
+
+
+def test_client_dp_over_lrsuq_sends_a_fixed_size_payload_whose_decoded_noise_is_the_gaussian():
+    from scipy import stats
+
+    setup, method = build("fedavg", *LRSUQ, 'method.client_dp.randomness="simulation"')
+    server = method.init_server()
+    cids = [int(c) for c in setup.schedule[0]]
+    msgs, out = _fit(method, server, setup, 1, cids)
+    _, plain = build("fedavg")
+    _, base_out = _fit(plain, plain.init_server(), setup, 1, cids)
+    sizes, z = set(), []
+    for c in cids:
+        reply = out[c][0]
+        assert not reply.arrays and set(reply.config) == {"payload"}
+        sizes.add(len(reply.config["payload"]))
+        method.validate_reply(server, "fit", 1, c, reply)  # decoded into the shared values
+        received = msgs[c].arrays
+        update = torch.cat([(base_out[c][0].arrays[n].double() - received[n].double()).reshape(-1) for n in received])
+        u = update * min(1.0, 0.5 / float(update.norm()))
+        g = torch.cat([(reply.arrays[n].double() - received[n].double()).reshape(-1) for n in received])
+        z.append(((g - u) / method.sigma).numpy())
+    z = np.concatenate(z)  # 5 clients x 8,970 coordinates: KS against N(0, 1), and the first moments
+    assert len(sizes) == 1 and 8 * sizes.pop() / (len(z) / len(cids)) < 8  # bits per coordinate, padded
+    assert stats.kstest(z, "norm").pvalue > 1e-4 and abs(z.mean()) < 0.05 and abs(z.std() - 1) < 0.03
+    new, _ = method.aggregate_fit(server, 1, {c: out[c][0] for c in cids})
+    assert all(torch.isfinite(t).all() for t in new.params.values())
+    summary = method.summary(new)
+    assert summary["codec"] == "lrsuq" and all(v < 8 for k, v in summary.items() if k.startswith("bits_per"))
+
+
+def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
+    setup, method = build("fedavg", *LRSUQ, *LAG)
+    result = run_federated(method, setup.clients, setup.schedule, progress=False)
+    assert result.history[-1]["rejected"] == 0 and len(result.state.server.chosen) == 2
+    inner = method.base
+    assert len(inner._pad) == 2  # every layer shared during the warm-up, then two fewer
+    assert "not the decoder" in inner.summary(result.state.server.base)["epsilon_holds_against"]
+    server = inner.init_server()
+    c = int(setup.schedule[0, 0])
+    reply = _fit(inner, server, setup, 1, [c])[1][c][0]
+    assert len(reply.config["codec_key"]) == 32
+    forged = Message(config={**reply.config, "codec_key": b"\x01" * 32})
+    with pytest.raises(InvalidMessage):
+        inner.validate_reply(server, "fit", 1, c, forged)
+    with pytest.raises(ValueError, match="lrsuq"):
+        build("fedavg", 'method.client_dp.codec="lrsuq"', "method.client_dp.epsilon=inf")
