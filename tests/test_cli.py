@@ -166,6 +166,18 @@ def test_a_privacy_budget_refusal_is_one_clear_line(tmp_path, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "dp", ["method.client_dp.sigma=0.001", "method.record_dp.noise_multiplier=0.05"], ids=["client", "record"]
+)
+def test_a_dp_wrapper_budget_refusal_is_one_clear_line(tmp_path, capsys, dp):
+    """The DP wrappers of the parameter-sharing methods refuse a plan over budget before any release: one line."""
+    args = ["run", "configs/fedlag/mnist-dnn-alpha10.toml", "--set", dp, "--set", "data.limit=4000"]
+    assert main([*args, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "would reach eps" in err and "above the target eps = 8" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_every_shipped_config_loads():
     from pathlib import Path
 
