@@ -2,7 +2,8 @@
 a non-private SGD step and against Opacus (``GradSampleModule`` + ``DPOptimizer``, the same clip, noise
 multiplier and expected batch) on the same model and batch, side by side in one run, for the FedLAG setup's DNN
 and FedAvgCNN on MNIST-shaped records. Each step: a forward and backward of the batch, and for the private paths
-per-record gradients, the joint clip, Gaussian noise of every parameter and the update. fedtailor's noise is the
+per-record gradients (fedtailor: the batched clipped sums of ``layer_clipped_sum``, as record-level DP uses for
+these models), the joint clip, Gaussian noise of every parameter and the update. fedtailor's noise is the
 simulation sampler (SHAKE-256, ``--noise simulation``) or the secure one (ChaCha20, four draws per output,
 ``--noise secure``); Opacus's is ``torch.normal`` (its ``secure_mode`` needs torchcsprng, not installed here).
 
@@ -44,7 +45,7 @@ def fedtailor_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, noi
     new, _, _ = dp_sgd(
         loss, params, x, y, trainable=set(params), epochs=1, batch_size=len(x), lr=LR, clip=CLIP,
         noise_multiplier=NOISE, uniforms=lambda s, n: torch.zeros(n, dtype=torch.float64),
-        noise=lambda s, size: torch.from_numpy(normal(key, "noise", s, sigma=1.0, size=size)),
+        noise=lambda s, size: torch.from_numpy(normal(key, "noise", s, sigma=1.0, size=size)), model=model,
     )  # fmt: skip
     return new
 

@@ -33,6 +33,7 @@ backward over all clients at once; ``torch.func.vmap`` for models and objectives
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.training import LossFn, accuracy_and_loss_of, batched_sgd, functional_sgd
 from fedtailor.fl.workers import WorkerPool
+from fedtailor.models.layerwise import model_layers
 from fedtailor.models.parts import head_module
 from fedtailor.privacy.dpsgd import PrivateSGD
 from fedtailor.rng import torch_generator
@@ -295,6 +297,15 @@ class LocalTraining(Method[SharedState, PersonalState]):
         theta, loss = self.sgd(theta, data, rnd)
         return theta, extra, loss
 
+    @functools.cached_property
+    def _layerwise(self) -> bool:
+        """Whether every parameter is a Linear or Conv2d weight or bias (record-level DP's batched clipped sums)."""
+        try:
+            model_layers(self.model)
+        except ValueError:
+            return False
+        return True
+
     def fit_epochs(self) -> int:
         """Epochs of local SGD in one round's :meth:`local_program` (all its SGD runs together), which record-level
         DP plans its accounting with. Default: ``local_epochs`` (one run); a method with more runs says so."""
@@ -412,7 +423,9 @@ class LocalTraining(Method[SharedState, PersonalState]):
             if isinstance(data, ClientBatch):
                 raise RuntimeError("record-level DP runs a round's clients one by one (vectorize is off).")
             x, y = data.train
-            return self.private_sgd.run(loss, theta, x, y, aux=aux, project=project, **common)
+            # the plain cross-entropy of a Linear/Conv2d model: clipped sums from one batched pass
+            model = self.model if not custom and objective.plain and self._layerwise else None
+            return self.private_sgd.run(loss, theta, x, y, aux=aux, project=project, model=model, **common)
         if isinstance(data, ClientBatch):
             xs, ys = [d.train[0] for d in data.clients], [d.train[1] for d in data.clients]
             generators = [self.batches(rnd, d.cid, *tag) for d in data.clients]

@@ -312,3 +312,34 @@ def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
         inner.validate_reply(server, "fit", 1, c, forged)
     with pytest.raises(ValueError, match="lrsuq"):
         build("fedavg", 'method.client_dp.codec="lrsuq"', "method.client_dp.epsilon=inf")
+
+
+@pytest.mark.parametrize("model", ["dnn", "fedavgcnn"])
+def test_the_batched_clipped_sum_equals_per_record_autograd(model):
+    """:func:`layer_clipped_sum` (ghost norms for Linear layers, unfolded patches for convolutions) against the
+    per-record autograd path, on all parameters and on the head alone, with half the records clipped."""
+    from fedtailor.models import build_model
+    from fedtailor.privacy.dpsgd import clipped_sum, layer_clipped_sum
+
+    net = build_model(model, input_shape=(1, 28, 28), num_classes=10, seed=0).double()
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.rand(7, 1, 28, 28, generator=gen, dtype=torch.float64), torch.randint(0, 10, (7,), generator=gen)
+    params = {n: p.detach() for n, p in net.named_parameters()}
+    for names in (set(params), {"fc.weight", "fc.bias"}):
+        per = {}
+        for i in range(len(x)):
+            live = {n: params[n].clone().requires_grad_(n in names) for n in params}
+            loss = torch.nn.functional.cross_entropy(
+                torch.func.functional_call(net, live, (x[i : i + 1],)), y[i : i + 1]
+            )
+            grads = torch.autograd.grad(loss, [live[n] for n in sorted(names)])
+            for n, g in zip(sorted(names), grads):
+                per.setdefault(n, []).append(g)
+        stacked = {n: torch.stack(v) for n, v in per.items()}
+        clip = float(clipped_sum(stacked, clip=1.0)[1].median())  # half the records clipped
+        want, norms = clipped_sum(stacked, clip=clip)
+        assert (norms > clip).any() and (norms < clip).any()
+        got, losses = layer_clipped_sum(net, params, names, x, y, clip=clip)
+        assert set(got) == names and losses.shape == (7,)
+        for n in names:
+            torch.testing.assert_close(got[n], want[n], rtol=1e-9, atol=1e-12)
