@@ -89,7 +89,9 @@ class ClientDPConfig(Section):
 
     clip: float = Field(1.0, gt=0, description="C: each client's shared update is scaled down to norm <= C")
     epsilon: float = Field(
-        8.0, gt=0, description="target eps of every client; sigma is calibrated to it (inf: clip, no noise, eps void)"
+        8.0,
+        gt=0,
+        description="target eps of every client; sigma is calibrated to it (inf: the method without DP, bit for bit)",
     )
     delta: float = Field(1e-5, gt=0, lt=1)
     conversion: Literal["closed-form", "balle", "exact"] = "closed-form"
@@ -122,7 +124,9 @@ class RecordDPConfig(Section):
 
     clip: float = Field(1.0, gt=0, description="C: each record's gradient is scaled down to norm <= C")
     epsilon: float = Field(
-        8.0, gt=0, description="target eps of every client (add/remove one record); inf: clip, no noise, eps void"
+        8.0,
+        gt=0,
+        description="target eps of every client (add/remove one record); inf: the method without DP, bit for bit",
     )
     delta: float = Field(1e-5, gt=0, lt=1)
     conversion: Literal["closed-form", "balle", "exact"] = Field(

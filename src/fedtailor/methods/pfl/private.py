@@ -127,8 +127,11 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
 
     def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         """Record the release (it left the client), then accept exactly the shared values as tensors of their
-        dtype, finite, within the honest norm bound of ``theta_g[S]``."""
-        if self.noisy and not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
+        dtype, finite, within the honest norm bound of ``theta_g[S]``. Without noise: the base's own check."""
+        if not self.noisy:
+            self.base.validate_reply(server, phase, rnd, cid, reply)
+            return
+        if not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
             self._guard(server.ledger).record(
                 client=cid, round=rnd, mechanism=self.mechanism, **self.release_terms(cid)
             )
@@ -147,10 +150,14 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
     def aggregate_fit(
         self, server: PrivateState, rnd: int, replies: dict[int, Message]
     ) -> tuple[PrivateState, Metrics]:
-        """The base's aggregation of the releases with equal weights (each reply one example, no loss)."""
-        equal = {c: Message(arrays=r.arrays, config={"num_examples": 1, "loss": 0.0}) for c, r in replies.items()}
-        base, metrics = self.base.aggregate_fit(server, rnd, equal)
-        metrics = {k: v for k, v in metrics.items() if k != "loss"}  # no client sent one
+        """The base's aggregation of the releases with equal weights (each reply one example, no loss); without
+        noise the base's aggregation of its own replies."""
+        if self.noisy:
+            equal = {c: Message(arrays=r.arrays, config={"num_examples": 1, "loss": 0.0}) for c, r in replies.items()}
+            base, metrics = self.base.aggregate_fit(server, rnd, equal)
+            metrics = {k: v for k, v in metrics.items() if k != "loss"}  # no client sent one
+        else:
+            base, metrics = self.base.aggregate_fit(server, rnd, replies)
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         return PrivateState(**fields, ledger=server.ledger), metrics
 
@@ -187,7 +194,7 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
 
     def _summary(self, server: PrivateState, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
         eps = server.ledger.epsilons() if self.noisy else {}
-        void = [] if self.noisy else ["no noise (epsilon = inf): updates clipped only"]
+        void = [] if self.noisy else ["no noise (epsilon = inf): the method without DP, bit for bit"]
         return {
             **self.base.summary(server),
             "dp": kind,
@@ -296,7 +303,10 @@ class ClientDP(_PrivateRelease):
     def client_fit_many(
         self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
     ) -> dict[int, tuple[Message, PersonalState]]:
-        """The base's local programs (together when the base runs them so), then each client's release."""
+        """The base's local programs (together when the base runs them so), then each client's release (without
+        noise: the base's replies as they are)."""
+        if not self.noisy:
+            return self.base.client_fit_many(msgs, states, data)
         received = {c: self.base.start_model(msgs[c], states.get(c))[2] for c in msgs}
         out = self.base.client_fit_many(msgs, states, data)
         return {
@@ -382,7 +392,8 @@ class RecordDP(_PrivateRelease):
             simulation=cfg.randomness == "simulation",
         )
         self.cfg, self.sizes = cfg, sizes
-        base.vectorize, base.pool = False, None  # one client at a time, in this process (its PrivateSGD runs)
+        if self.noisy:  # one client at a time, in this process (its PrivateSGD runs)
+            base.vectorize, base.pool = False, None
         self.planned = _participations(schedule, sorted(sizes))
         self.steps = {c: base.fit_epochs() * steps_per_epoch(n, base.batch_size) for c, n in sizes.items()}
         self.rates = {c: sampling_rate(n, base.batch_size) for c, n in sizes.items()}
@@ -390,9 +401,10 @@ class RecordDP(_PrivateRelease):
         if self.noisy:
             self.noise_multiplier = cfg.noise_multiplier or self._calibrate()
         self.sigma = self.noise_multiplier * cfg.clip
-        base.private_sgd = PrivateSGD(
-            clip=cfg.clip, noise_multiplier=self.noise_multiplier, simulation=self.simulation, seed=seed
-        )
+        if self.noisy:
+            base.private_sgd = PrivateSGD(
+                clip=cfg.clip, noise_multiplier=self.noise_multiplier, simulation=self.simulation, seed=seed
+            )
 
     def _calibrate(self) -> float:
         """The smallest noise multiplier (to 0.1%) that keeps every client's planned DP-SGD within the target."""
@@ -435,7 +447,9 @@ class RecordDP(_PrivateRelease):
         self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
     ) -> dict[int, tuple[Message, PersonalState]]:
         """Each client's fit with DP-SGD in every local run, its noisy steps checked against the plan; the reply
-        keeps the shared values alone."""
+        keeps the shared values alone. Without noise: the base's fit as it is."""
+        if not self.noisy:
+            return self.base.client_fit_many(msgs, states, data)
         out = {}
         for c in sorted(msgs):
             rnd = int(msgs[c].config["round"])
@@ -445,7 +459,7 @@ class RecordDP(_PrivateRelease):
                 reply, new = self.base.client_fit(msgs[c], states.get(c), data[c])
             finally:
                 sgd.stop()
-            if self.noisy and sgd.steps != self.steps[c]:
+            if sgd.steps != self.steps[c]:
                 raise RuntimeError(
                     f"client {c} took {sgd.steps} DP-SGD steps in round {rnd}, its plan {self.steps[c]} "
                     f"({type(self.base).__name__}.fit_epochs does not match its local program)."

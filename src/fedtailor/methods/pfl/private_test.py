@@ -153,16 +153,30 @@ def test_fedlag_scores_the_released_updates_and_refuses_unprotected_reports():
             build("fedavg", *SIM, *LAG, bad)
 
 
-def test_without_noise_updates_are_clipped_and_eps_is_void(tmp_path):
-    setup, method = build("fedavg", "method.client_dp.clip=0.5", "method.client_dp.epsilon=inf")
-    result = run_federated(method, setup.clients, setup.schedule[:2], progress=False)
-    summary = method.summary(result.state.server)
-    assert method.sigma == 0 and summary["epsilon_void"] and summary["epsilon_max"] == math.inf
-    assert result.state.server.ledger.releases == ()
-    save_checkpoint(tmp_path / "ck.pt", result.state, setup.schedule)
-    assert load_checkpoint(tmp_path / "ck.pt", setup.schedule).server.ledger.to_json() == (
-        result.state.server.ledger.to_json()
-    )
+@pytest.mark.parametrize(
+    ("name", "dp"),
+    [
+        ("fedavg", ["method.client_dp.epsilon=inf"]),
+        ("fedper", ["method.client_dp.epsilon=inf", *LAG]),
+        ("ditto", ["method.record_dp.epsilon=inf"]),
+        ("fedrep", ["method.record_dp.epsilon=inf", *LAG]),
+    ],
+)
+def test_without_noise_a_wrapped_run_is_the_method_without_dp_bit_for_bit(name, dp, tmp_path):
+    from fedtailor.fl.workers_test import _identical
+
+    setup, private = build(name, *dp)
+    _, plain = build(name, *[s for s in dp if s.startswith("method.fedlag")])
+    runs = [run_federated(m, setup.clients, setup.schedule, progress=False) for m in (private, plain)]
+    inner = runs[0].state.server.base if dp[-1].startswith("method.fedlag") else runs[0].state.server
+    outer = runs[1].state.server.base if dp[-1].startswith("method.fedlag") else runs[1].state.server
+    _identical(inner.params, outer.params, "params")
+    _identical(runs[0].state.clients, runs[1].state.clients, "clients")
+    _identical(runs[0].evaluation, runs[1].evaluation, "evaluation")
+    summary = private.summary(runs[0].state.server)
+    assert summary["epsilon_void"] and summary["epsilon_max"] == math.inf and inner.ledger.releases == ()
+    save_checkpoint(tmp_path / "ck.pt", runs[0].state, setup.schedule)
+    load_checkpoint(tmp_path / "ck.pt", setup.schedule)
 
 
 def test_the_ledger_survives_a_checkpoint(tmp_path):
