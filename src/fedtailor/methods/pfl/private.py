@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,17 +94,17 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
     def _guard(self, ledger: PrivacyLedger) -> BudgetGuard:
         return BudgetGuard(ledger, target_eps=self.epsilon)
 
+    @abstractmethod
     def release_terms(self, cid: int) -> dict[str, Any]:
         """``sensitivity``, ``sigma`` (and ``sampling_rate``, ``steps``) of client ``cid``'s release in a round."""
-        raise NotImplementedError
 
+    @abstractmethod
     def plan(self) -> dict[int, int]:
         """Planned releases per client (its rounds in the schedule)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def release_bound(self, cid: int, dim: int) -> float:
         """The norm an honest release of ``dim`` shared values stays within, but with probability ~1e-12."""
-        raise NotImplementedError
 
     # ----- server side ----------------------------------------------------------------------------------
     def init_server(self) -> PrivateState:
