@@ -82,26 +82,34 @@ class FedLAGConfig(Section):
     )
 
 
-class ClientDPConfig(Section):
-    """Client-level DP with each client's own noise around the method it sits in ([method.client_dp];
-    docs/privacy.md, "DP for the parameter-sharing methods"): every shared update clipped to ``clip`` and noised
-    by its client, accounted per client in the run's privacy ledger."""
+class DPConfig(Section):
+    """What both DP wrappers of the parameter-sharing methods take (docs/privacy.md): every client's target eps
+    at ``delta``, the clip C and where the randomness comes from."""
 
-    clip: float = Field(1.0, gt=0, description="C: each client's shared update is scaled down to norm <= C")
+    clip: float = Field(
+        1.0, gt=0, description="C: each clipped quantity (an update or a record's gradient) has norm <= C"
+    )
     epsilon: float = Field(
-        8.0,
-        gt=0,
-        description="target eps of every client; sigma is calibrated to it (inf: the method without DP, bit for bit)",
+        8.0, gt=0, description="target eps of every client; the noise is calibrated to it (inf: the method without DP)"
     )
     delta: float = Field(1e-5, gt=0, lt=1)
-    conversion: Literal["closed-form", "balle", "exact"] = "closed-form"
-    sigma: float | None = Field(
-        None, gt=0, description="fixed noise std instead of calibrating it; a schedule above epsilon is refused"
+    conversion: Literal["closed-form", "balle", "exact"] = Field(
+        "closed-form", description="eps of plain Gaussian releases; subsampled steps use dp-accounting's RDP"
     )
     randomness: Literal["secure", "simulation"] = Field(
         "secure",
-        description="'secure': each client's noise from 256 bits of its OS entropy (not reproducible); "
-        "'simulation': derived from the seed (reproducible; eps holds only while the seed is secret)",
+        description="'secure': each client's noise (and record sampling) from 256 bits of its OS entropy (not "
+        "reproducible); 'simulation': derived from the seed (reproducible; eps holds only while the seed is secret)",
+    )
+
+
+class ClientDPConfig(DPConfig):
+    """Client-level DP with each client's own noise around the method it sits in ([method.client_dp];
+    docs/privacy.md, "Client-level DP for the parameter-sharing methods"): every shared update clipped to ``clip``
+    and noised by its client (replace adjacency, sensitivity 2C), accounted per client in the run's ledger."""
+
+    sigma: float | None = Field(
+        None, gt=0, description="fixed noise std instead of calibrating it; a schedule above epsilon is refused"
     )
     codec: Literal["fp32", "lrsuq"] = Field(
         "fp32",
@@ -116,29 +124,14 @@ class ClientDPConfig(Section):
         return self
 
 
-class RecordDPConfig(Section):
+class RecordDPConfig(DPConfig):
     """Record-level DP-SGD in local training around the method it sits in ([method.record_dp]; docs/privacy.md,
     "Record-level DP-SGD for the parameter-sharing methods"): every local SGD run of a client's fit samples its
     records (Poisson, expected batch ``method.batch_size``), clips each record's gradient to ``clip`` and adds
-    the client's own Gaussian noise; accounted per client with dp-accounting."""
+    the client's own Gaussian noise (add/remove one record); accounted per client with dp-accounting."""
 
-    clip: float = Field(1.0, gt=0, description="C: each record's gradient is scaled down to norm <= C")
-    epsilon: float = Field(
-        8.0,
-        gt=0,
-        description="target eps of every client (add/remove one record); inf: the method without DP, bit for bit",
-    )
-    delta: float = Field(1e-5, gt=0, lt=1)
-    conversion: Literal["closed-form", "balle", "exact"] = Field(
-        "closed-form", description="recorded with the ledger; subsampled steps always use dp-accounting's RDP"
-    )
     noise_multiplier: float | None = Field(
         None, gt=0, description="zeta, fixed noise std / C instead of calibrating it; a plan above epsilon is refused"
-    )
-    randomness: Literal["secure", "simulation"] = Field(
-        "secure",
-        description="'secure': each client's sampling and noise from 256 bits of its OS entropy per local run; "
-        "'simulation': derived from the seed (reproducible; eps holds only while the seed is secret)",
     )
 
 

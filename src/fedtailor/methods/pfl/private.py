@@ -48,7 +48,14 @@ from fedtailor.codecs.profile import public_codec_profile
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import Abstained, ClientData, InvalidMessage, Message, Metrics, RequestRefused
 from fedtailor.fl.schedule import participation_counts
-from fedtailor.methods.pfl.local import ClientDPConfig, LocalTraining, PersonalState, RecordDPConfig, SharedState
+from fedtailor.methods.pfl.local import (
+    ClientDPConfig,
+    DPConfig,
+    LocalTraining,
+    PersonalState,
+    RecordDPConfig,
+    SharedState,
+)
 from fedtailor.privacy.calibrate import calibrate_sigma
 from fedtailor.privacy.dpsgd import PrivateSGD, sampling_rate, steps_per_epoch
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
@@ -75,11 +82,12 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
     mechanism: str
     sigma: float
 
-    def __init__(self, base: LocalTraining, *, epsilon: float, delta: float, conversion: str, simulation: bool) -> None:
+    def __init__(self, base: LocalTraining, cfg: DPConfig) -> None:
         if base.update_bound is not None:
             raise ValueError("method.update_bound with DP: the DP clip already bounds every update; drop update_bound.")
         self.base, self.name = base, base.name
-        self.epsilon, self.delta, self.conversion, self.simulation = epsilon, delta, conversion, simulation
+        self.epsilon, self.delta, self.conversion = cfg.epsilon, cfg.delta, cfg.conversion
+        self.simulation = cfg.randomness == "simulation"
 
     # the parameter-sharing API a wrapper such as FedLAG reads (WRAPPER_API), the base's own
     def __getattr__(self, name: str) -> Any:
@@ -221,13 +229,7 @@ class ClientDP(_PrivateRelease):
     def __init__(
         self, base: LocalTraining, *, cfg: ClientDPConfig, schedule: np.ndarray, seed: int, clients: list[int]
     ) -> None:
-        super().__init__(
-            base,
-            epsilon=cfg.epsilon,
-            delta=cfg.delta,
-            conversion=cfg.conversion,
-            simulation=cfg.randomness == "simulation",
-        )
+        super().__init__(base, cfg)
         self.cfg, self.seed = cfg, seed
         self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
         self.planned = _participations(schedule, clients)
@@ -385,13 +387,7 @@ class RecordDP(_PrivateRelease):
         seed: int,
         sizes: dict[int, int],
     ) -> None:
-        super().__init__(
-            base,
-            epsilon=cfg.epsilon,
-            delta=cfg.delta,
-            conversion=cfg.conversion,
-            simulation=cfg.randomness == "simulation",
-        )
+        super().__init__(base, cfg)
         self.cfg, self.sizes = cfg, sizes
         if self.noisy:  # one client at a time, in this process (its PrivateSGD runs)
             base.vectorize, base.pool = False, None
