@@ -4,10 +4,11 @@ multiplier and expected batch) on the same model and batch, side by side in one 
 and FedAvgCNN on MNIST-shaped records. Each step: a forward and backward of the batch, and for the private paths
 per-record gradients (fedtailor: the batched clipped sums of ``layer_clipped_sum``, as record-level DP uses for
 these models), the joint clip, Gaussian noise of every parameter and the update. fedtailor's noise is the
-simulation sampler (SHAKE-256, ``--noise simulation``) or the secure one (ChaCha20, four draws per output,
-``--noise secure``); Opacus's is ``torch.normal`` (its ``secure_mode`` needs torchcsprng, not installed here).
+hardened ChaCha20 sampler record-level DP uses (four draws per output, as Opacus's ``secure_mode``); Opacus's is
+one ``torch.normal`` draw (its ``secure_mode`` needs torchcsprng, not installed here); ``--noise none`` leaves
+fedtailor's noise out to show the rest of the step.
 
-    python benchmarks/bench_dpsgd_step.py [--threads 1] [--batch 16] [--repeat 20] [--noise secure] [--no-save]
+    python benchmarks/bench_dpsgd_step.py [--threads 1] [--batch 16] [--repeat 20] [--noise secure|none] [--no-save]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from harness import report, time_call
 
 from fedtailor.models.pflnets import DNN, FedAvgCNN
 from fedtailor.privacy.dpsgd import dp_sgd
-from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
+from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import derive_key
 
 CLIP, NOISE, LR = 1.0, 1.1, 0.005
@@ -41,11 +42,12 @@ def fedtailor_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, noi
     params = {n: p.detach() for n, p in model.named_parameters()}
     loss = lambda p, aux, xb, yb: F.cross_entropy(torch.func.functional_call(model, p, (xb,)), yb)
     key = derive_key(0, "bench")
-    normal = gaussian_noise if noise == "simulation" else secure_gaussian_noise
     new, _, _ = dp_sgd(
         loss, params, x, y, trainable=set(params), epochs=1, batch_size=len(x), lr=LR, clip=CLIP,
         noise_multiplier=NOISE, uniforms=lambda s, n: torch.zeros(n, dtype=torch.float64),
-        noise=lambda s, size: torch.from_numpy(normal(key, "noise", s, sigma=1.0, size=size)), model=model,
+        noise=(lambda s, size: torch.zeros(size, dtype=torch.float64)) if noise == "none" else
+        (lambda s, size: torch.from_numpy(secure_gaussian_noise(key, "noise", s, sigma=1.0, size=size))),
+        model=model,
     )  # fmt: skip
     return new
 
@@ -88,7 +90,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--noise", choices=("simulation", "secure"), default="secure")
+    ap.add_argument("--noise", choices=("secure", "none"), default="secure")
     ap.add_argument("--no-save", action="store_true", help="print only (a check run, not for RESULTS.md)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedtailor.privacy.noise import gaussian_noise, open_unit, secure_gaussian_noise, secure_stream_words, stream_words
+from fedtailor.privacy.noise import open_unit, secure_gaussian_noise, secure_stream_words
 from fedtailor.rng import derive_key, fresh_key
 
 Params = dict[str, torch.Tensor]
@@ -205,8 +205,9 @@ def dp_sgd(
 @dataclass
 class PrivateSGD:
     """The DP-SGD a record-level DP wrapper gives its base method: every local SGD run of a client's fit is
-    :func:`dp_sgd` with these settings, its randomness from the key ``(seed, "dp-sgd", round, client, call)``
-    (simulation) or a fresh OS-entropy key per run (secure); ``steps`` counts the noisy steps of the fit in
+    :func:`dp_sgd` with these settings, its randomness (ChaCha20 uniforms for the sampling, the hardened Gaussian
+    sampler for the noise) from the key ``(seed, "dp-sgd", round, client, call)`` (simulation) or a fresh
+    OS-entropy key per run (secure); ``steps`` counts the noisy steps of the fit in
     progress, which the wrapper checks against its plan. ``fitting`` is ``(round, client)`` during a fit (None:
     plain SGD, e.g. an evaluation's fine-tuning, whose model never leaves the client)."""
 
@@ -230,16 +231,13 @@ class PrivateSGD:
             raise RuntimeError("PrivateSGD.run outside a client's fit.")
         rnd, cid = self.fitting
         key = derive_key(self.seed, "dp-sgd", rnd, cid, self.calls) if self.simulation else fresh_key()
-        words, normal = (
-            (stream_words, gaussian_noise) if self.simulation else (secure_stream_words, secure_gaussian_noise)
-        )
         self.calls += 1
 
         def uniforms(step: int, n: int) -> torch.Tensor:
-            return torch.from_numpy(open_unit(words(key, "sample", step, count=n)))
+            return torch.from_numpy(open_unit(secure_stream_words(key, "sample", step, count=n)))
 
         def noise(step: int, size: int) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(normal(key, "noise", step, sigma=1.0, size=size)))
+            return torch.from_numpy(np.asarray(secure_gaussian_noise(key, "noise", step, sigma=1.0, size=size)))
 
         theta, loss, steps = dp_sgd(
             loss_fn,

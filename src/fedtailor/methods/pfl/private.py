@@ -60,7 +60,7 @@ from fedtailor.privacy.calibrate import calibrate_sigma
 from fedtailor.privacy.dpsgd import PrivateSGD, sampling_rate, steps_per_epoch
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
 from fedtailor.privacy.mechanisms import release_norm_bound
-from fedtailor.privacy.noise import gaussian_noise, secure_gaussian_noise
+from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import derive_key, fresh_key
 
 MECHANISM = "client-update"
@@ -330,8 +330,8 @@ class ClientDP(_PrivateRelease):
             return self._encode(update.cpu().numpy(), cid, rnd)
         if self.noisy:
             key = derive_key(self.seed, "client-dp", rnd, cid) if self.simulation else fresh_key()
-            sampler = gaussian_noise if self.simulation else secure_gaussian_noise
-            noise = sampler(key, "client-dp", sigma=self.sigma, size=update.numel())
+            # the hardened ChaCha20 sampler in both modes: only the key differs (simulation: from the seed)
+            noise = secure_gaussian_noise(key, "client-dp", sigma=self.sigma, size=update.numel())
             update = update + torch.from_numpy(noise).to(update.device)
         arrays, start = {}, 0
         for n in names:

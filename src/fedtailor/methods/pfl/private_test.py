@@ -22,7 +22,7 @@ from fedtailor.methods.pfl.fedlag import FedLAG
 from fedtailor.methods.pfl.fedlag_test import BASE, LAG
 from fedtailor.methods.pfl.private import MECHANISM, ClientDP
 from fedtailor.privacy.ledger import PrivacyBudgetExceeded
-from fedtailor.privacy.noise import gaussian_noise
+from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import derive_key
 
 SIM = ["method.client_dp.clip=0.5", "method.client_dp.epsilon=2000", 'method.client_dp.randomness="simulation"']
@@ -53,7 +53,8 @@ def test_a_release_is_the_clipped_update_plus_the_clients_noise_and_the_mean_is_
         received = msgs[c].arrays
         update = torch.cat([(base_out[c][0].arrays[n].double() - received[n].double()).reshape(-1) for n in received])
         assert float(update.norm()) > 0.5  # the clip is active
-        noise = gaussian_noise(derive_key(5, "client-dp", 1, c), "client-dp", sigma=method.sigma, size=update.numel())
+        key = derive_key(5, "client-dp", 1, c)
+        noise = secure_gaussian_noise(key, "client-dp", sigma=method.sigma, size=update.numel())
         want = update * (0.5 / float(update.norm())) + torch.from_numpy(noise)
         got = torch.cat([(reply.arrays[n].double() - received[n].double()).reshape(-1) for n in received])
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)  # float32 rounding of theta + release
