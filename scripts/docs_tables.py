@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import statistics
 import sys
@@ -146,6 +147,14 @@ CONTROLS = {
 SEEN, FUTURE = "seen/accuracy", "future/accuracy"
 
 
+TUNED_TABLE1 = {f"eps16/variant={v}": name for v, name in COMPACT_VARIANTS.items()}
+TUNED_CONTROLS = {
+    **{k: v for k, v in CONTROLS.items() if k != "eps16/variant=factorized-ctx"},
+    "eps16/variant=factorized-ctx": "Factorized+ctx (the private context)",
+    "eps16/variant=factorized-clean": "Factorized+clean (the context mean without noise; eps void)",
+}
+
+
 def seed_values(root: Path, experiment: str) -> dict[str, dict[int, dict[str, str]]]:
     """``docs/results/EXPERIMENT/seeds.csv`` by variant and seed, each variant's values checked against the
     mean +- std of the experiment's ``table.csv``."""
@@ -229,6 +238,54 @@ def compact_controls(root: Path) -> str:
     rows = points(root, "compact-controls-mnist")
     body = [[name, pm(*mean_std(rows[key], SEEN)), pm(*mean_std(rows[key], FUTURE))] for key, name in CONTROLS.items()]
     return table(["control", "Seen", "Future"], body)
+
+
+def compact_tuned(experiment: str, names: dict[str, str]) -> Callable[[Path], str]:
+    """The fair-tuning re-run of ``experiment`` (``docs/results/EXPERIMENT-tuned/``): each point's chosen step, its
+    validation score (``choices.json``, seed 41) and the test accuracies over seeds (``table.csv``)."""
+
+    def render(root: Path) -> str:
+        folder = f"{experiment}-tuned"
+        rows = points(root, folder)
+        rel = f"{RESULTS_DIR}/{folder}/choices.json"
+        if not (root / rel).is_file():
+            raise SourceError(f"{rel}: missing")
+        record = json.loads((root / rel).read_text())
+        body = []
+        for key, name in names.items():
+            if key not in rows:
+                raise SourceError(f"{RESULTS_DIR}/{folder}/table.csv: no row {key}")
+            unit = key if key in record["choices"] else None
+            lr = record["choices"][unit]["method.lr"] if unit else "-"
+            score = record["scores"][unit][f"lr={lr}"] if unit else float("nan")
+            edge = " (edge)" if unit in record["at_edge"] else ""
+            shown = f"{100 * score:.2f}" if score == score else "-"
+            body.append([name, f"{lr}{edge}", shown, pm(*mean_std(rows[key], SEEN)), pm(*mean_std(rows[key], FUTURE))])
+        grid = ", ".join(record["grid"]["method.lr"])
+        header = ["point", f"chosen lr (of {grid})", "validation Seen (seed 41)", "test Seen", "test Future"]
+        return table(header, body)
+
+    return render
+
+
+def compact_paired(experiment: str, names: dict[str, str]) -> Callable[[Path], str]:
+    """The paired differences of the fair-tuning re-run (``paired.csv``): each point minus its reference, over
+    seeds (t interval) and over (seed, client) pairs (bootstrap), with the paper's claim and the verdict."""
+
+    def render(root: Path) -> str:
+        rows = read_csv(root, f"{RESULTS_DIR}/{experiment}-tuned/paired.csv")
+        body = []
+        for r in rows:
+            key = f"{r['block']}/{r['point']}"
+            if key not in names:
+                continue
+            metric = {"seen/accuracy": "Seen", "future/accuracy": "Future"}.get(r["metric"], r["metric"])
+            verdict = r.get("verdict") or "-"
+            body.append([names[key], metric, r["mean"], r["seeds ci95"], r["per seed"], r["clients ci95"], verdict])
+        header = ["point minus " + rows[0]["reference"].split("=")[-1], "metric", "mean", "95% CI (seeds)"]
+        return table([*header, "per seed", "95% CI (seed, client)", "paper's claim: verdict"], body)
+
+    return render
 
 
 def compact_comm(root: Path) -> str:
@@ -437,6 +494,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-table1-summary": compact_table1_summary,
     "compact-controls": compact_controls,
     "compact-comm": compact_comm,
+    "compact-table1-tuned": compact_tuned("compact-table1-mnist", TUNED_TABLE1),
+    "compact-table1-tuned-paired": compact_paired("compact-table1-mnist", TUNED_TABLE1),
     "compact-layer-allocation-validation": layer_allocation_validation,
     "compact-layer-allocation-test": layer_allocation_test,
     "fedlag-mnist/alpha01": fedlag_section("fedlag-mnist", "alpha01"),
