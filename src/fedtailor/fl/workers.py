@@ -192,7 +192,7 @@ def _shutdown(procs: list[BaseProcess], conns: list[Connection], busy: set[int])
             with contextlib.suppress(OSError):
                 conn.send_bytes(_STOP)
     for proc in procs:
-        proc.join(timeout=5)
+        proc.join(timeout=30)  # an idle worker exits at once; a loaded machine can take seconds to schedule it
         if proc.is_alive():
             proc.terminate()
             proc.join()
