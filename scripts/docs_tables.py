@@ -149,9 +149,8 @@ SEEN, FUTURE = "seen/accuracy", "future/accuracy"
 
 TUNED_TABLE1 = {f"eps16/variant={v}": name for v, name in COMPACT_VARIANTS.items()}
 TUNED_CONTROLS = {
-    **{k: v for k, v in CONTROLS.items() if k != "eps16/variant=factorized-ctx"},
-    "eps16/variant=factorized-ctx": "Factorized+ctx (the private context)",
-    "eps16/variant=factorized-clean": "Factorized+clean (the context mean without noise; eps void)",
+    **{k: v for k, v in CONTROLS.items() if k.startswith("eps16/") and k != "eps16/variant=factorized-ctx"},
+    "eps16/variant=factorized-ctx": "Factorized+ctx (the private context; = Ours-DG)",
 }
 
 
@@ -496,6 +495,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-comm": compact_comm,
     "compact-table1-tuned": compact_tuned("compact-table1-mnist", TUNED_TABLE1),
     "compact-table1-tuned-paired": compact_paired("compact-table1-mnist", TUNED_TABLE1),
+    "compact-controls-tuned": compact_tuned("compact-controls-mnist", TUNED_CONTROLS),
+    "compact-controls-tuned-paired": compact_paired("compact-controls-mnist", TUNED_CONTROLS),
     "compact-layer-allocation-validation": layer_allocation_validation,
     "compact-layer-allocation-test": layer_allocation_test,
     "fedlag-mnist/alpha01": fedlag_section("fedlag-mnist", "alpha01"),
