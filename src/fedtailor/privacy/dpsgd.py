@@ -126,7 +126,8 @@ def layer_clipped_sum(
             bias_rows = g
         if lay.bias:
             sums[f"{lay.module}.bias"] = scale @ bias_rows
-    return {k: v for k, v in sums.items() if k in set(names)}, losses.detach()
+    wanted = set(names)
+    return {k: v for k, v in sums.items() if k in wanted}, losses.detach()
 
 
 def dp_sgd(

@@ -59,7 +59,7 @@ from fedtailor.methods.pfl.local import (
 from fedtailor.privacy.calibrate import calibrate_sigma
 from fedtailor.privacy.dpsgd import PrivateSGD, sampling_rate, steps_per_epoch
 from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
-from fedtailor.privacy.mechanisms import release_norm_bound
+from fedtailor.privacy.mechanisms import release_norm_bound, unflatten_like
 from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import derive_key, fresh_key
 
@@ -124,8 +124,7 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
                 one = (terms["sensitivity"], terms["sigma"], terms.get("sampling_rate", 1.0), terms.get("steps", 1))
                 plan[c] = [one] * t
             self._guard(ledger).check_plan(plan)
-        base = self.base.init_server()
-        return PrivateState(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, ledger=ledger)
+        return _with_ledger(self.base.init_server(), ledger)
 
     def configure_fit(self, server: PrivateState, rnd: int, cid: int) -> Message:
         if self.noisy:  # refused here if over budget; recorded when the release arrives
@@ -140,10 +139,7 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
         if not self.noisy:
             self.base.validate_reply(server, phase, rnd, cid, reply)
             return
-        if not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
-            self._guard(server.ledger).record(
-                client=cid, round=rnd, mechanism=self.mechanism, **self.release_terms(cid)
-            )
+        self.record_arrival(server, rnd, cid)
         names = self.base.shared_names(server)
         if set(reply.arrays) != set(names):
             raise InvalidMessage(f"a private reply carries exactly the {len(names)} shared parameters, nothing else.")
@@ -156,6 +152,14 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
         if not math.isfinite(sq) or math.sqrt(sq) > bound:
             raise InvalidMessage(f"release of client {cid} is longer than an honest private update reaches.")
 
+    def record_arrival(self, server: PrivateState, rnd: int, cid: int) -> None:
+        """Count the release of ``cid`` in round ``rnd`` in the ledger once: it left the client, however it is
+        judged after."""
+        if self.noisy and not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
+            self._guard(server.ledger).record(
+                client=cid, round=rnd, mechanism=self.mechanism, **self.release_terms(cid)
+            )
+
     def aggregate_fit(
         self, server: PrivateState, rnd: int, replies: dict[int, Message]
     ) -> tuple[PrivateState, Metrics]:
@@ -167,8 +171,7 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
             metrics = {k: v for k, v in metrics.items() if k != "loss"}  # no client sent one
         else:
             base, metrics = self.base.aggregate_fit(server, rnd, replies)
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-        return PrivateState(**fields, ledger=server.ledger), metrics
+        return _with_ledger(base, server.ledger), metrics
 
     def configure_evaluate(self, server: PrivateState, cid: int) -> Message:
         return self.base.configure_evaluate(server, cid)
@@ -273,9 +276,7 @@ class ClientDP(_PrivateRelease):
         super().validate_reply(server, phase, rnd, cid, reply)
 
     def _decode_into(self, server: PrivateState, rnd: int, cid: int, reply: Message) -> None:
-        if self.noisy and not server.ledger.recorded(client=cid, round=rnd, mechanism=self.mechanism):
-            terms = self.release_terms(cid)  # it left the client: counted however it is judged below
-            self._guard(server.ledger).record(client=cid, round=rnd, mechanism=self.mechanism, **terms)
+        self.record_arrival(server, rnd, cid)
         reply.only(config={"payload"} if self.simulation else {"payload", "codec_key"})
         names = self.base.shared_names(server)
         dim = sum(self.base.shapes[n].numel() for n in names)
@@ -295,13 +296,7 @@ class ClientDP(_PrivateRelease):
             raise InvalidMessage(f"undecodable release: {err}") from err
         if not np.all(np.isfinite(g)):
             raise InvalidMessage("decoded release contains non-finite values.")
-        arrays, start = {}, 0
-        for n in names:
-            size = self.base.shapes[n].numel()
-            value = server.params[n].double() + torch.from_numpy(g[start : start + size]).reshape(self.base.shapes[n])
-            arrays[n] = value.to(server.params[n].dtype)
-            start += size
-        reply.arrays, reply.config = arrays, {}
+        reply.arrays, reply.config = _shift({n: server.params[n] for n in names}, torch.from_numpy(g)), {}
 
     def client_fit_many(
         self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
@@ -333,13 +328,7 @@ class ClientDP(_PrivateRelease):
             # the hardened ChaCha20 sampler in both modes: only the key differs (simulation: from the seed)
             noise = secure_gaussian_noise(key, "client-dp", sigma=self.sigma, size=update.numel())
             update = update + torch.from_numpy(noise).to(update.device)
-        arrays, start = {}, 0
-        for n in names:
-            size = received[n].numel()
-            value = received[n].double() + update[start : start + size].reshape(received[n].shape)
-            arrays[n] = value.to(received[n].dtype)
-            start += size
-        return Message(arrays=arrays)
+        return Message(arrays=_shift({n: received[n] for n in names}, update))
 
     def holds_against(self) -> str:
         if self.codec is None or self.simulation:
@@ -389,6 +378,7 @@ class RecordDP(_PrivateRelease):
     ) -> None:
         super().__init__(base, cfg)
         self.cfg, self.sizes = cfg, sizes
+        self.dim = sum(t.numel() for t in base.theta0.values())  # every parameter a step can move
         if self.noisy:  # one client at a time, in this process (its PrivateSGD runs)
             base.vectorize, base.pool = False, None
         self.planned = _participations(schedule, sorted(sizes))
@@ -436,8 +426,7 @@ class RecordDP(_PrivateRelease):
         (all N records sampled at most, the Gaussian norm bound of :func:`release_norm_bound`), heavy ball at
         most ``1 / (1 - momentum)`` times that: over the round's steps a loose but fixed bound."""
         n, q = self.sizes[cid], self.rates[cid]
-        d = sum(t.numel() for t in self.base.theta0.values())
-        step = release_norm_bound(n * self.cfg.clip, self.sigma, d) / (q * n)
+        step = release_norm_bound(n * self.cfg.clip, self.sigma, self.dim) / (q * n)
         return self.base.lr * self.steps[cid] * step / (1.0 - self.base.momentum)
 
     def client_fit_many(
@@ -473,6 +462,17 @@ class RecordDP(_PrivateRelease):
             "sampling_rate_max": max(self.rates.values(), default=0.0),
         }
         return self._summary(server, "record-level DP-SGD (add/remove one record), each client's own noise", extra)
+
+
+def _with_ledger(base: SharedState, ledger: PrivacyLedger) -> PrivateState:
+    """The base's server state with the ledger beside it."""
+    return PrivateState(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, ledger=ledger)
+
+
+def _shift(start: dict[str, torch.Tensor], flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``start + flat`` per tensor (``flat`` in ``start``'s order), summed in float64, in each tensor's dtype."""
+    moved = unflatten_like(flat.double(), start)
+    return {n: (t.double() + moved[n].to(t.device)).to(t.dtype) for n, t in start.items()}
 
 
 def _participations(schedule: np.ndarray, clients: list[int]) -> dict[int, int]:
