@@ -77,7 +77,7 @@ CONTROLS_CLAIMS = (
         _variant("radial"), "future/accuracy", "within", "without noise all similar (no figure; 1 pt)", 1.0, "noiseless"
     ),
 )
-COMPACT_TUNING = Tuning(grid=(("method.lr", ("0.03", "0.1", "0.3", "1.0", "3.0")),))
+COMPACT_TUNING = Tuning(grid=(("method.lr", ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")),))
 
 
 def _controls_blocks(config: str) -> tuple[Block, ...]:
