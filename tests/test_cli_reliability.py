@@ -168,6 +168,7 @@ def test_ordinary_mistakes_are_one_line(tmp_path, capsys, tiny):
     np.save(tmp_path / "empty.npy", np.array([]))
     np.save(tmp_path / "scalar.npy", np.array(3.0))
     np.save(tmp_path / "text.npy", np.array(["a", "b"]))
+    np.save(tmp_path / "big.npy", np.ones((1, 1000)))
     codec = [
         "codec",
         "roundtrip",
@@ -190,6 +191,7 @@ def test_ordinary_mistakes_are_one_line(tmp_path, capsys, tiny):
         "shape (0,)": [*codec, "--input", str(tmp_path / "empty.npy")],
         "shape ()": [*codec, "--input", str(tmp_path / "scalar.npy")],
         "expected real numbers": [*codec, "--input", str(tmp_path / "text.npy")],
+        "clip u to the codec's clip": [*codec[:3], "ppr", *codec[4:], "--input", str(tmp_path / "big.npy")],
         "no values": ["sweep", *tiny, "--grid", "method.lr=", "--out", str(tmp_path / "sw"), "--seeds", "1"],
     }
     for expected, argv in cases.items():

@@ -233,7 +233,7 @@ def test_the_same_resolved_config_runs_once_and_is_linked(tmp_path, registry):
 
 @pytest.mark.slow
 def test_quick_reproduction_of_shipped_experiments(tmp_path):
-    """What CI exercises of ``--quick``: the communication table (compact adaptation with LRSUQ on MNIST) and
+    """What CI exercises of ``--quick``: the communication table (compact adaptation with LRSUQ and PPR on MNIST) and
     FedLAG's fixed-K block, through the CLI, to the report."""
     out = tmp_path / "repro"
     proc = subprocess.run(
@@ -255,12 +255,12 @@ def test_quick_reproduction_of_shipped_experiments(tmp_path):
         timeout=1200,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "6 done, 0 running, 0 waiting" in proc.stderr
+    assert "7 done, 0 running, 0 waiting" in proc.stderr
     comm = list(csv.DictReader((out / "compact-comm-mnist" / "table.csv").open()))
-    assert [r["point"] for r in comm] == ["variant=ours-dg", "variant=dg-q12", "variant=ours-lrsuq"]
+    assert [r["point"] for r in comm] == ["variant=ours-dg", "variant=dg-q12", "variant=ours-lrsuq", "variant=ours-ppr"]
     bits = {r["point"]: float(r["bits_per_coefficient_mean (mean)"]) for r in comm}
     assert bits["variant=ours-dg"] > 31 and bits["variant=dg-q12"] == pytest.approx(12, abs=0.5)
-    assert bits["variant=ours-lrsuq"] < 2
+    assert bits["variant=ours-lrsuq"] < 2 and bits["variant=ours-ppr"] < bits["variant=ours-lrsuq"]
     lag = list(csv.DictReader((out / "fedlag-mnist" / "table.csv").open()))
     assert len(lag) == 3 and all(float(r["seen/accuracy (mean)"]) > 30 for r in lag)  # 10 classes: chance is 10
     assert "compact-comm-mnist" in (out / "report.html").read_text()

@@ -21,12 +21,25 @@ from fedtailor.codecs import CODEC_NAMES, get_codec, release_key
 from fedtailor.codecs.bench import bench_codecs, bench_notes, markdown, single_thread
 
 
+def _alpha(text: str) -> float:
+    """PPR's alpha: a float above 1, or inf."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"alpha must be a number above 1 or inf, got {text!r}") from None
+    if not value > 1.0:
+        raise argparse.ArgumentTypeError(f"alpha must be above 1 (or inf), got {text!r}")
+    return value
+
+
 def _codec_options(args: argparse.Namespace) -> dict[str, object]:
     options: dict[str, object] = {}
     if args.codec == "lrsuq":
         options = {"block_size": args.block_size, "lattice": args.lattice, "coder": args.coder}
     elif args.codec == "layered":
         options = {"coder": args.coder}
+    elif args.codec == "ppr":
+        options = {"block_size": args.block_size, "alpha": args.alpha, "clip": args.clip, "spread": args.spread}
     return options
 
 
@@ -114,7 +127,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedtailor codec roundtrip`` and ``fedtailor codec bench``."""
-    codec = subparsers.add_parser("codec", help="communication codecs: DG FP32, DG+Q12, layered, LRSUQ")
+    codec = subparsers.add_parser("codec", help="communication codecs: DG FP32, DG+Q12, layered, LRSUQ, PPR")
     sub = codec.add_subparsers(dest="codec_command", required=True, metavar="SUBCOMMAND")
     rt = sub.add_parser(
         "roundtrip",
@@ -128,9 +141,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rt.add_argument("--seed", type=int, required=True, help="run secret from which release keys are derived")
     rt.add_argument("--client", type=int, default=0, help="client id in the release keys (default 0)")
     rt.add_argument("--out", required=True, help="output .npz")
-    rt.add_argument("--block-size", type=_positive_int, default=4, help="lrsuq block size b (default 4)")
+    rt.add_argument("--block-size", type=_positive_int, default=4, help="lrsuq/ppr block size b (default 4)")
     rt.add_argument("--lattice", choices=("Z", "D4"), default="Z", help="lrsuq lattice (default Z)")
     rt.add_argument("--coder", choices=("elias", "ans"), default="elias", help="entropy coder (default elias)")
+    rt.add_argument("--alpha", type=_alpha, default=8.0, help="ppr's alpha, > 1 or inf (default 8)")
+    rt.add_argument("--clip", type=_positive_float, default=1.0, help="ppr: the public bound on ||u|| (default 1)")
+    rt.add_argument("--spread", type=_positive_float, default=2.5, help="ppr: proposal spread (default 2.5)")
     rt.set_defaults(func=_cmd_roundtrip)
     bench = sub.add_parser(
         "bench",

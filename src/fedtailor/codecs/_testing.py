@@ -1,4 +1,4 @@
-"""Broken LRSUQ variants: the negative controls the exactness battery must reject.
+"""Broken LRSUQ and PPR variants: the negative controls the exactness batteries must reject.
 
 Each repeats one defect seen in public implementations of the idea, by overriding one hook of
 :class:`~fedtailor.codecs.lrsuq.LRSUQCodec`; all still produce messages that decode without error, which is
@@ -11,6 +11,7 @@ import numpy as np
 
 from fedtailor.codecs.base import release_key
 from fedtailor.codecs.lrsuq import LRSUQCodec
+from fedtailor.codecs.ppr import PPRCodec
 from fedtailor.rng import derive_key, derive_seed
 
 
@@ -69,4 +70,46 @@ BROKEN_VARIANTS: dict[str, type[LRSUQCodec]] = {
     "radius from different generators": SplitRadius,
     "fixed seed (reused across releases)": FixedSeed,
     "acceptance on beta M - u": AcceptOnLattice,
+}
+
+
+class WrongProposal(PPRCodec):
+    """The encoder scores candidates with the ratio of a proposal 1.5 times wider than the one they are drawn
+    from: the selected sample follows P Q / Q', not P."""
+
+    def ratio_variance(self, sigma: float, dim: int) -> float:
+        return 1.5 * self.proposal_variance(sigma, dim)
+
+
+class ReusedRandomness(PPRCodec):
+    """Shared randomness (rotation and candidates) from a constant key: every release reuses the same candidates."""
+
+    def stream_key(self, key: int, purpose: str) -> int:
+        return derive_key(0, "ppr", purpose)
+
+
+class IndexOffByOne(PPRCodec):
+    """The decoder outputs candidate K + 1 instead of K: a draw from Q, not P."""
+
+    def decoder_label(self, k: np.ndarray) -> np.ndarray:
+        return k + 1
+
+
+class TruncatedSearch(PPRCodec):
+    """A fixed search budget: the argmin over the first 8 candidates of each block, no stopping rule, no tail.
+
+    (A budget of 32, which cuts about 0.3% of the blocks at eps = 16, is below the battery's resolution.)"""
+
+    def first_labels(self, sigma: float, dim: int) -> int:
+        return 8
+
+    def stop_mass(self, best: np.ndarray, log_rmax: np.ndarray, t_last: np.ndarray) -> np.ndarray:
+        return np.zeros_like(best)
+
+
+BROKEN_PPR: dict[str, type[PPRCodec]] = {
+    "wrong proposal in the ratio": WrongProposal,
+    "reused shared randomness": ReusedRandomness,
+    "index off by one": IndexOffByOne,
+    "truncated search": TruncatedSearch,
 }

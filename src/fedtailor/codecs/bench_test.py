@@ -23,7 +23,7 @@ def test_bench_rows_cover_every_codec_with_sane_figures() -> None:
     frame_bpc = 8 * 26 / 2048
     assert by["DG FP32"]["bpc"] == pytest.approx(32 + frame_bpc)
     assert by["DG+Q12"]["bpc"] == pytest.approx(12 + frame_bpc + 8 * 16 / 2048, abs=0.01)
-    for label in ("LRSUQ Z^4 (elias)", "LRSUQ Z^4 (ans)", "layered b=1 (ans)", "LRSUQ D4 (ans)"):
+    for label in ("LRSUQ Z^4 (elias)", "LRSUQ Z^4 (ans)", "layered b=1 (ans)", "LRSUQ D4 (ans)", "PPR b=4 (default)"):
         assert by[label]["bpc"] < 2.0 + frame_bpc
     for r in rows:  # every codec releases u + noise of scale sigma (Q12 adds a little quantisation error)
         assert abs(float(r["rms error / sigma"]) - 1.0) < 0.1
@@ -36,3 +36,4 @@ def test_bench_rows_cover_every_codec_with_sane_figures() -> None:
     assert by["DG FP32"]["target"] == "encode <= 1 ms" and by["LRSUQ Z^4 (ans)"]["target"] == "enc+dec <= 5 ms"
     assert by["DG FP32 (simulation noise)"]["target"] == "" and by["DG+Q12"]["meets target"] == ""
     assert by["DG FP32"]["meets target"] in ("yes", "no")
+    assert by["PPR b=4 (default)"]["target"] == "enc+dec <= 13.97 ms"

@@ -5,13 +5,13 @@ Layout, little-endian::
     offset size field
     0      4    magic  b"FTQ\\x00"
     4      1    version (1)
-    5      1    codec id        (1 dg-fp32, 2 dg-q12, 3 lrsuq/layered)
+    5      1    codec id        (1 dg-fp32, 2 dg-q12, 3 lrsuq/layered, 4 ppr)
     6      1    lattice id      (0 none, 1 Z^b, 2 D4)
     7      1    coder id        (0 raw, 1 Elias-gamma, 2 ANS)
-    8      1    block size b    (1..8; 0 for the dense codecs)
+    8      1    block size b    (1..8 LRSUQ, 1..32 PPR; 0 for the dense codecs)
     9      1    flags           (0; reserved)
     10     4    dim d
-    14     4    tag             (32 bits of derive_seed(key, "codec-tag", codec, sigma): detects key/sigma mismatch)
+    14     4    tag             (32 bits of derive_seed(key, "codec-tag", codec, sigma[, options]): detects a mismatch)
     18     4    payload length n
     22     n    payload
     22+n   4    CRC32 of bytes [0, 22+n)
@@ -34,7 +34,7 @@ _HEADER = struct.Struct("<4sBBBBBBIII")
 HEADER_BYTES = _HEADER.size
 FRAME_BYTES = HEADER_BYTES + 4
 
-CODEC_NAMES = {1: "dg-fp32", 2: "dg-q12", 3: "lrsuq"}
+CODEC_NAMES = {1: "dg-fp32", 2: "dg-q12", 3: "lrsuq", 4: "ppr"}
 LATTICE_NAMES = {0: "none", 1: "Z", 2: "D4"}
 CODER_NAMES = {0: "raw", 1: "elias", 2: "ans"}
 
@@ -57,12 +57,14 @@ class Frame:
         )
 
 
-def key_tag(key: int, sigma: float, codec_id: int) -> int:
-    """32-bit check value binding a message to its key and sigma (a one-way hash: it does not reveal the key)."""
-    return derive_seed(key, "codec-tag", codec_id, float(sigma).hex()) & 0xFFFFFFFF
+def key_tag(key: int, sigma: float, codec_id: int, params: str = "") -> int:
+    """32-bit check value binding a message to its key and sigma, and to the codec's ``params`` where it has any
+    beyond the frame (PPR: alpha, clip, spread); a one-way hash: it does not reveal the key."""
+    extra = (params,) if params else ()
+    return derive_seed(key, "codec-tag", codec_id, float(sigma).hex(), *extra) & 0xFFFFFFFF
 
 
-def seal(frame: Frame, *, dim: int, key: int, sigma: float, payload: bytes) -> bytes:
+def seal(frame: Frame, *, dim: int, key: int, sigma: float, payload: bytes, params: str = "") -> bytes:
     """Header + payload + CRC32."""
     head = _HEADER.pack(
         MAGIC,
@@ -73,14 +75,14 @@ def seal(frame: Frame, *, dim: int, key: int, sigma: float, payload: bytes) -> b
         frame.block_size,
         0,
         dim,
-        key_tag(key, sigma, frame.codec_id),
+        key_tag(key, sigma, frame.codec_id, params),
         len(payload),
     )
     body = head + payload
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def open_message(message: bytes, frame: Frame, *, dim: int, key: int, sigma: float) -> bytes:
+def open_message(message: bytes, frame: Frame, *, dim: int, key: int, sigma: float, params: str = "") -> bytes:
     """Validate the frame of ``message`` against what the decoder expects; return the payload."""
     if not isinstance(message, (bytes, bytearray, memoryview)):
         raise CodecError(f"message must be bytes, got {type(message).__name__}")
@@ -109,10 +111,10 @@ def open_message(message: bytes, frame: Frame, *, dim: int, key: int, sigma: flo
         raise CodecError(f"unknown header flags {flags:#x}; the message needs a newer decoder")
     if mdim != dim:
         raise CodecError(f"dimension mismatch: message holds {mdim} coefficients, decoder asked for dim={dim}")
-    if tag != key_tag(key, sigma, codec_id):
+    if tag != key_tag(key, sigma, codec_id, params):
         raise CodecError(
-            "key or sigma mismatch: the message was encoded with another release key or sigma; decode with the "
-            "same release_key(secret, client, round) and sigma as the encoder"
+            "key, sigma or codec options mismatch: the message was encoded with another release key, sigma or "
+            "options; decode with the same release_key(secret, client, round), sigma and codec options as the encoder"
         )
     return message[HEADER_BYTES : HEADER_BYTES + n]
 

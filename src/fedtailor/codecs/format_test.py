@@ -75,9 +75,9 @@ def test_every_single_bit_flip_is_rejected(name: str) -> None:
 @pytest.mark.parametrize("name", list(CODECS))
 def test_mismatched_parameters_are_rejected(name: str) -> None:
     codec, msg = CODECS[name], MESSAGES[name]
-    with pytest.raises(CodecError, match="key or sigma"):
+    with pytest.raises(CodecError, match="key, sigma or codec options"):
         codec.decode(msg, key=release_key(77, 1, 3), sigma=SIGMA, dim=DIM)
-    with pytest.raises(CodecError, match="key or sigma"):
+    with pytest.raises(CodecError, match="key, sigma or codec options"):
         codec.decode(msg, key=KEY, sigma=SIGMA * 1.0000001, dim=DIM)
     with pytest.raises(CodecError, match="dimension mismatch"):
         codec.decode(msg, key=KEY, sigma=SIGMA, dim=DIM + 1)

@@ -96,6 +96,7 @@ class PrivacyConfig(Section):
 COMPACT_VARIANTS: dict[str, dict[str, str]] = {
     "ours-dg": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
     "ours-lrsuq": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "lrsuq"},
+    "ours-ppr": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "ppr"},
     "dg-q12": {"generator": "factorized", "space": "coefficient", "context": "private", "codec": "dg-q12"},
     "deeplin-dg": {"generator": "deeplin", "space": "coefficient", "context": "private", "codec": "dg-fp32"},
     "full-dg": {"generator": "factorized", "space": "full", "context": "private", "codec": "dg-fp32"},
@@ -124,9 +125,15 @@ class CompactConfig(Section):
         "(a control, eps void) each client's context mean released without noise while the gradient releases keep "
         "the private variant's sigma",
     )
-    codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq"] = "dg-fp32"
+    codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq", "ppr"] = "dg-fp32"
     coder: Literal["ans", "elias"] = Field("ans", description="entropy coder of the layered/lrsuq codecs")
-    block_size: int = Field(4, ge=1, le=8, description="b, LRSUQ block size")
+    block_size: int = Field(4, ge=1, le=32, description="b, block size of LRSUQ (1-8) and PPR (1-32)")
+    ppr_alpha: float = Field(
+        8.0, gt=1, description="PPR's alpha: the index is 2 alpha eps-DP against the decoder for an eps-DP mechanism"
+    )
+    ppr_spread: float = Field(
+        2.5, gt=0, description="PPR's proposal N(0, sigma^2 + spread C_g^2 / k), public (docs/codecs.md)"
+    )
     lattice: Literal["Z", "D4"] = Field("Z", description="LRSUQ lattice (D4 needs block_size 4)")
     model: Literal["lenet", "mlp"] = "lenet"
     coef_dim: int = Field(16_384, ge=1, description="k, dimension of the coefficient subspace")
@@ -159,7 +166,7 @@ class CompactConfig(Section):
     )
     padding: bool = Field(
         True,
-        description="pad variable-length releases (lrsuq, layered) to one fixed length set from public inputs, "
+        description="pad variable-length releases (lrsuq, layered, ppr) to one fixed length set from public inputs, "
         "so that message sizes reveal nothing about the data (off: sizes depend on ||u|| and the run's eps is void)",
     )
     pad_bytes: int | None = Field(None, ge=64, description="the padded message size (default: from public probes)")
@@ -188,7 +195,9 @@ class CompactConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> CompactConfig:
-        if self.codec in ("lrsuq", "layered", "dg-q12") and self.privacy.epsilon == float("inf"):
+        if self.codec == "lrsuq" and self.block_size > 8:
+            raise ValueError(f"LRSUQ blocks hold at most 8 coefficients, got block_size={self.block_size}")
+        if self.codec in ("lrsuq", "layered", "dg-q12", "ppr") and self.privacy.epsilon == float("inf"):
             raise ValueError(
                 f"codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use dg-fp32."
             )
@@ -366,7 +375,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         self.omega0 = {k: v.detach().clone() for k, v in self.generator.state_dict().items()}  # public init
         self.codec = get_codec(cfg.codec, **_codec_options(cfg))
         self.simulation = cfg.privacy.randomness == "simulation"
-        self.variable_length = cfg.codec in ("lrsuq", "layered")
+        self.variable_length = cfg.codec in ("lrsuq", "layered", "ppr")
         self.schedule, self.seen = schedule, sorted(seen)
         self.replay_gains = _load_replay_gains(cfg.replay_from, len(schedule)) if cfg.generator == "replay" else None
         self.replay_ledger = _load_replay_ledger(cfg.replay_from) if cfg.generator == "replay" else None
@@ -809,7 +818,7 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             return "the server (key ring, state, checkpoints, logs) and every output"
         return (
             "every output and observer without the clients' codec secrets; not the decoder, whose key ring "
-            "holds LRSUQ's shared randomness"
+            f"holds the shared randomness of {self.codec.name}"
         )
 
     def summary(self, server: CompactState) -> dict[str, Any]:
@@ -871,6 +880,13 @@ def _factorized_gain(seed: int, context_dim: int, hidden_dim: int, z: torch.Tens
 def _codec_options(cfg: CompactConfig) -> dict[str, Any]:
     if cfg.codec == "lrsuq":
         return {"coder": cfg.coder, "block_size": cfg.block_size, "lattice": cfg.lattice}
+    if cfg.codec == "ppr":  # the proposal is built for the clipped mean's bound ||u|| <= C_g
+        return {
+            "block_size": cfg.block_size,
+            "alpha": cfg.ppr_alpha,
+            "clip": cfg.privacy.clip,
+            "spread": cfg.ppr_spread,
+        }
     return {"coder": cfg.coder} if cfg.codec == "layered" else {}
 
 

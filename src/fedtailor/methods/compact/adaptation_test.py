@@ -70,7 +70,7 @@ def test_kernel_identity_for_the_W_block_and_rank_of_the_psi_block():
     assert torch.allclose(jac(0, [gen.W]) @ jac(0, [gen.W]).T, (h[0] @ h[0]) * torch.eye(k), atol=1e-5)
 
 
-@pytest.mark.parametrize("codec", ["dg-fp32", "lrsuq"])
+@pytest.mark.parametrize("codec", ["dg-fp32", "lrsuq", "ppr"])
 def test_release_noise_has_the_calibrated_sigma(codec):
     setup, method = small(f'method.codec="{codec}"')
     _, ref_method = small('method.codec="dg-fp32"')
@@ -177,7 +177,7 @@ def test_every_variant_of_the_paper_runs_and_reports(variant, tmp_path):
     rec = result.history[-1]
     assert ("h_norm2" in rec) == (axes["generator"] in ("factorized", "deeplin", "radial"))
     summary = method.summary(result.state.server)
-    if axes["codec"] == "lrsuq":  # padded to one fixed size set from public probes: every release the same size
+    if axes["codec"] in ("lrsuq", "ppr"):  # padded to one fixed size set from public probes: each release that size
         assert {r["uplink_payload_bytes"] for r in result.history} == {2.0 * summary["message_bytes_fixed"]}
         assert rec["bits_per_coefficient"] == 8 * summary["message_bytes_fixed"] / dim < 2.0
         assert summary["public_bits_per_coefficient_at_u0"] < summary["public_bits_per_coefficient_at_clip"]

@@ -184,7 +184,7 @@ def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
                 Block(
                     "eps16",
                     eps16,
-                    (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq")),),
+                    (("method.variant", ("ours-dg", "dg-q12", "ours-lrsuq", "ours-ppr")),),
                     ("method.diagnostics=true",),
                 ),
             ),

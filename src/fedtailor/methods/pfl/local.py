@@ -111,16 +111,19 @@ class ClientDPConfig(DPConfig):
     sigma: float | None = Field(
         None, gt=0, description="fixed noise std instead of calibrating it; a schedule above epsilon is refused"
     )
-    codec: Literal["fp32", "lrsuq"] = Field(
+    codec: Literal["fp32", "lrsuq", "ppr"] = Field(
         "fp32",
-        description="the uplink: the noisy update in float32, or the clipped update sent by LRSUQ, which realises "
-        "its Gaussian noise exactly in a padded message of a few bits per coordinate (docs/privacy.md)",
+        description="the uplink: the noisy update in float32, or the clipped update sent by LRSUQ or PPR, which "
+        "realise its Gaussian noise exactly in a padded message of about a bit or less per coordinate "
+        "(docs/privacy.md, docs/codecs.md)",
     )
 
     @model_validator(mode="after")
     def _check(self) -> ClientDPConfig:
-        if self.codec == "lrsuq" and not math.isfinite(self.epsilon):
-            raise ValueError("client_dp.codec 'lrsuq' realises Gaussian noise; without noise (epsilon = inf) use fp32.")
+        if self.codec != "fp32" and not math.isfinite(self.epsilon):
+            raise ValueError(
+                f"client_dp.codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
+            )
         return self
 
 

@@ -237,7 +237,13 @@ class ClientDP(_PrivateRelease):
         self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
         self.planned = _participations(schedule, clients)
         self.t_max = max(self.planned.values(), default=0)
-        self.codec = get_codec("lrsuq", coder="ans", block_size=4, lattice="Z") if cfg.codec == "lrsuq" else None
+        self.codec = (
+            get_codec("lrsuq", coder="ans", block_size=4, lattice="Z")
+            if cfg.codec == "lrsuq"
+            else get_codec("ppr", clip=cfg.clip)  # the proposal is built for the clipped update's ||u|| <= C
+            if cfg.codec == "ppr"
+            else None
+        )
         self._pad: dict[int, int] = {}
         self.sigma = 0.0
         if self.noisy:
@@ -260,7 +266,7 @@ class ClientDP(_PrivateRelease):
         return release_norm_bound(self.cfg.clip, self.sigma, dim)
 
     def pad_bytes(self, dim: int) -> int:
-        """The fixed LRSUQ message size for ``dim`` shared values, from public probes only (the same on both
+        """The fixed LRSUQ/PPR message size for ``dim`` shared values, from public probes only (the same on both
         sides: the seed, sigma, C and ``dim``); measured once per ``dim`` (FedLAG changes it once)."""
         if dim not in self._pad:
             profile = public_codec_profile(self.codec, k=dim, sigma=self.sigma, clip=self.cfg.clip, seed=self.seed)
@@ -321,7 +327,7 @@ class ClientDP(_PrivateRelease):
         update = torch.cat([(reply.arrays[n].double() - received[n].double()).reshape(-1) for n in names])
         norm = float(torch.linalg.vector_norm(update))
         update = update * min(1.0, self.cfg.clip / norm) if norm > 0 else update
-        if self.codec is not None:  # LRSUQ realises u + N(0, sigma^2 I) exactly from its key
+        if self.codec is not None:  # LRSUQ or PPR realises u + N(0, sigma^2 I) exactly from its key
             return self._encode(update.cpu().numpy(), cid, rnd)
         if self.noisy:
             key = derive_key(self.seed, "client-dp", rnd, cid) if self.simulation else fresh_key()
@@ -335,14 +341,17 @@ class ClientDP(_PrivateRelease):
             return super().holds_against()
         return (
             "every output and observer without the clients' release keys; not the decoder (the server), whose keys "
-            "give LRSUQ's shared randomness (docs/privacy.md, 'What a key holder learns')"
+            f"give {self.codec.name}'s shared randomness (docs/privacy.md, 'What a key holder learns')"
         )
 
     def _encode(self, u: np.ndarray, cid: int, rnd: int) -> Message:
-        """The LRSUQ release of the clipped update ``u``, padded to the fixed size (an abstention of that size if
-        it would not fit); in secure mode with its fresh key for the decoder."""
+        """The LRSUQ/PPR release of the clipped update ``u``, padded to the fixed size (an abstention of that size
+        if it would not fit); in secure mode with its fresh key for the decoder (and, for PPR, the search's private
+        randomness from another fresh key that never leaves the client)."""
         key = derive_key(self.seed, "client-dp-codec", rnd, cid) if self.simulation else fresh_key()
-        message, size = self.codec.encode(u, key=key, sigma=self.sigma), self.pad_bytes(len(u))
+        noise_key = None if self.simulation else fresh_key()
+        message = self.codec.encode(u, key=key, sigma=self.sigma, noise_key=noise_key)
+        size = self.pad_bytes(len(u))
         config: dict[str, Any] = {"payload": pad(message, size=size) if fits(message, size=size) else abstention(size)}
         if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
             config["codec_key"] = key.to_bytes(32, "little")

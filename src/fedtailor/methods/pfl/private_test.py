@@ -282,10 +282,13 @@ def test_record_dp_refuses_a_plan_over_budget_and_keeps_its_ledger_through_a_che
 LRSUQ = ["method.client_dp.clip=0.5", "method.client_dp.epsilon=200", 'method.client_dp.codec="lrsuq"']
 
 
-def test_client_dp_over_lrsuq_sends_a_fixed_size_payload_whose_decoded_noise_is_the_gaussian():
+@pytest.mark.parametrize("codec", ["lrsuq", "ppr"])
+def test_client_dp_over_an_exact_codec_sends_a_fixed_size_payload_whose_decoded_noise_is_the_gaussian(codec):
     from scipy import stats
 
-    setup, method = build("fedavg", *LRSUQ, 'method.client_dp.randomness="simulation"')
+    setup, method = build(
+        "fedavg", *LRSUQ[:2], f'method.client_dp.codec="{codec}"', 'method.client_dp.randomness="simulation"'
+    )
     server = method.init_server()
     cids = [int(c) for c in setup.schedule[0]]
     msgs, out = _fit(method, server, setup, 1, cids)
@@ -308,7 +311,7 @@ def test_client_dp_over_lrsuq_sends_a_fixed_size_payload_whose_decoded_noise_is_
     new, _ = method.aggregate_fit(server, 1, {c: out[c][0] for c in cids})
     assert all(torch.isfinite(t).all() for t in new.params.values())
     summary = method.summary(new)
-    assert summary["codec"] == "lrsuq" and all(v < 8 for k, v in summary.items() if k.startswith("bits_per"))
+    assert summary["codec"] == codec and all(v < 8 for k, v in summary.items() if k.startswith("bits_per"))
 
 
 def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
