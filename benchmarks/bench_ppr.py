@@ -104,7 +104,7 @@ def rate_time(*, k: int, releases: int, seed: int, blocks: list[int]) -> list[di
         for alpha in (8.0, math.inf):
             spread = 2.5
             codec = get_codec("ppr", block_size=b, alpha=alpha, spread=spread)
-            n = releases if b <= 8 else max(2, releases // 4)
+            n = releases if b <= 8 else 2
             m = measure(codec, k=k, sigma=sigma, norm=1.0, releases=n, seed=seed)
             rows.append(
                 {

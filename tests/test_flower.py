@@ -318,6 +318,13 @@ FLOWER_PATHS["fedavg with client DP over LRSUQ"] = [
     *FLOWER_PATHS["fedavg with client DP"],
     'method.client_dp.codec="lrsuq"',
 ]
+FLOWER_PATHS["fedavg with a trusted server's noise"] = [
+    *IMAGE,
+    'method.name="fedavg"',
+    'method.server_dp.randomness="simulation"',
+    "method.server_dp.epsilon=50",
+]
+FLOWER_PATHS["compact over PPR"] = [*FLOWER_PATHS["compact"][:-1], 'method.variant="ours-ppr"']
 RECORD_DP = ['method.record_dp.randomness="simulation"', "method.record_dp.epsilon=8"]
 FLOWER_PATHS["ditto under FedLAG with record DP-SGD"] = [*FLOWER_PATHS["ditto"], *RECORD_DP]
 # need the language model: covered by their own tests and test_flower_dpo

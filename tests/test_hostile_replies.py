@@ -56,6 +56,7 @@ CONFIGS: dict[str, list[str]] = {
     "fedlag+fedper": [*IMAGE, 'method.name="fedper"', "method.fedlag.top_k=1", "method.fedlag.warmup=1"],
     "compact dg-fp32 secure": [*COMPACT, 'method.variant="ours-dg"'],
     "compact lrsuq simulation": [*COMPACT, 'method.variant="ours-lrsuq"', 'method.privacy.randomness="simulation"'],
+    "compact ppr secure": [*COMPACT, 'method.variant="ours-ppr"'],
 }
 DPO = tuple(s.name for s in methods() if s.data == "preferences")
 

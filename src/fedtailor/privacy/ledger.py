@@ -2,12 +2,15 @@
 
 The ledger is the record of what was released: ``(client, round, sensitivity, sigma, mechanism)`` for the
 one-shot context release and for every coefficient-gradient release, and for a client's DP-SGD in a round also
-the records' sampling rate ``q`` and the number of noisy steps (each step a Poisson-subsampled Gaussian). From it,
+the records' sampling rate ``q`` and the number of noisy steps (each step a Poisson-subsampled Gaussian), and for a
+trusted server's noisy aggregate of a fixed-size sample of clients the sample's ``q`` and population. From it,
 ``eps_i`` of every client and ``eps = max_i eps_i`` follow at any time: for plain Gaussian releases under any of
 the conversions of :mod:`fedtailor.privacy.accountant` (their RDP composes exactly as ``rho``); for a client with
 subsampled steps by dp-accounting's RDP accountant (``PoissonSampledDpEvent`` of a ``GaussianDpEvent``, composed
 per client; the maintained implementation of Mironov, Talwar, Zhang 2019, *Renyi Differential Privacy of the
-Sampled Gaussian Mechanism*, arXiv:1908.10530). It serialises to JSON exactly (floats round-trip), so a resumed
+Sampled Gaussian Mechanism*, arXiv:1908.10530; for fixed-size samples ``SampledWithoutReplacementDpEvent`` under
+replace-one adjacency, Wang, Balle, Kasiviswanathan 2019, *Subsampled Renyi Differential Privacy and Analytical
+Moments Accountant*, arXiv:1808.00087). It serialises to JSON exactly (floats round-trip), so a resumed
 run continues from the same numbers.
 
 The guard refuses, before anything is released, (i) a fixed schedule under which some client would end
@@ -50,7 +53,8 @@ class PrivacyBudgetExceeded(RuntimeError):
 class Release:
     """One Gaussian release: L2 ``sensitivity`` (under the adjacency its mechanism states: replace-one for the
     compact releases and the client-level updates, add/remove-one record for DP-SGD), noise std ``sigma``; or
-    ``steps`` of them, each on the records sampled with probability ``sampling_rate`` (DP-SGD)."""
+    ``steps`` of them, each on the records sampled with probability ``sampling_rate`` (DP-SGD); or, with
+    ``population = n > 0``, on a fixed-size sample of ``sampling_rate * n`` out of ``n`` (replace-one)."""
 
     client: int
     round: int
@@ -59,6 +63,7 @@ class Release:
     mechanism: str
     sampling_rate: float = 1.0
     steps: int = 1
+    population: int = 0
 
     @property
     def sampled(self) -> bool:
@@ -78,39 +83,60 @@ class Release:
 SAMPLED_ORDERS = (2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 4.5, *range(5, 65), 80, 96, 128, 192, 256, 512)
 
 
-def sampled_epsilon(events: Iterable[tuple[float, float, float, int]], *, delta: float) -> float:
-    """``eps`` at ``delta`` of composed ``(sensitivity, sigma, sampling_rate, steps)`` Gaussian mechanisms (each
-    step on Poisson-sampled records when ``sampling_rate < 1``), by dp-accounting's RDP accountant; identical
-    events are composed at once."""
-    groups: dict[tuple[float, float], int] = {}
-    for sensitivity, sigma, q, steps in events:
+Event = tuple[float, float, float, int, int]
+
+
+def sampled_epsilon(events: Iterable[tuple[float, ...]], *, delta: float) -> float:
+    """``eps`` at ``delta`` of composed ``(sensitivity, sigma, sampling_rate, steps[, population])`` Gaussian
+    mechanisms (each step on Poisson-sampled records when ``sampling_rate < 1``, or on a fixed-size sample of
+    ``sampling_rate * population`` out of ``population`` when ``population > 0``), by dp-accounting's RDP
+    accountant; identical events are composed at once. Fixed-size samples are accounted under replace-one
+    adjacency, Poisson ones under add/remove-one: one client's events must not mix the two."""
+    groups: dict[tuple[float, float, int], int] = {}
+    for event in events:
+        sensitivity, sigma, q, steps = event[:4]
+        population = int(event[4]) if len(event) > 4 else 0
         if sensitivity == 0 or steps == 0:
             continue
-        key = (float(q), float(sigma) / float(sensitivity))  # noise multiplier
+        key = (float(q), float(sigma) / float(sensitivity), population)  # noise multiplier
         groups[key] = groups.get(key, 0) + int(steps)
+    if {p > 0 for q, _, p in groups if q < 1.0} == {True, False}:
+        raise ValueError(
+            "a client's releases mix Poisson and fixed-size sampling; they compose under different "
+            "adjacencies and cannot be accounted together."
+        )
     return _sampled_epsilon(tuple(sorted(groups.items())), float(delta)) if groups else 0.0
 
 
 @functools.lru_cache(maxsize=4096)
-def _sampled_epsilon(groups: tuple[tuple[tuple[float, float], int], ...], delta: float) -> float:
+def _sampled_epsilon(groups: tuple[tuple[tuple[float, float, int], int], ...], delta: float) -> float:
     from dp_accounting import dp_event, rdp
+    from dp_accounting.privacy_accountant import NeighboringRelation
 
-    accountant = rdp.RdpAccountant(orders=SAMPLED_ORDERS)
-    for (q, z), count in groups:
+    fixed = any(p > 0 and q < 1.0 for (q, _, p), _ in groups)
+    relation = NeighboringRelation.REPLACE_ONE if fixed else NeighboringRelation.ADD_OR_REMOVE_ONE
+    accountant = rdp.RdpAccountant(orders=SAMPLED_ORDERS, neighboring_relation=relation)
+    for (q, z, population), count in groups:
         event: dp_event.DpEvent = dp_event.GaussianDpEvent(z)
-        if q < 1.0:
+        if q < 1.0 and population > 0:
+            event = dp_event.SampledWithoutReplacementDpEvent(population, round(q * population), event)
+        elif q < 1.0:
             event = dp_event.PoissonSampledDpEvent(q, event)
         accountant.compose(event, count)
     return float(accountant.get_epsilon(delta))
 
 
-def _check_sampling(sampling_rate: float, steps: int) -> tuple[float, int]:
+def _check_sampling(sampling_rate: float, steps: int, population: int = 0) -> tuple[float, int, int]:
     q = float(sampling_rate)
     if not 0.0 < q <= 1.0:
         raise ValueError(f"sampling_rate must lie in (0, 1], got {sampling_rate!r}.")
     if isinstance(steps, bool) or int(steps) != steps or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}.")
-    return q, int(steps)
+    if isinstance(population, bool) or int(population) != population or population < 0:
+        raise ValueError(f"population must be a non-negative integer, got {population!r}.")
+    if population and abs(q * population - round(q * population)) > 1e-9 * population:
+        raise ValueError(f"a fixed-size sample needs sampling_rate * population integral, got {q} * {population}.")
+    return q, int(steps), int(population)
 
 
 def _as_int(value: Any, name: str) -> int:
@@ -147,12 +173,14 @@ class PrivacyLedger:
         mechanism: str,
         sampling_rate: float = 1.0,
         steps: int = 1,
+        population: int = 0,
     ) -> Release:
-        """Add one release (``steps`` subsampled ones with ``sampling_rate < 1``). The same (client, round,
-        mechanism) twice is refused as a double count."""
+        """Add one release (``steps`` subsampled ones with ``sampling_rate < 1``; a fixed-size sample of a
+        ``population`` when that is > 0). The same (client, round, mechanism) twice is refused as a double
+        count."""
         client, round = _as_int(client, "client"), _as_int(round, "round")
         sensitivity, sigma = check_release(sensitivity, sigma)
-        sampling_rate, steps = _check_sampling(sampling_rate, steps)
+        sampling_rate, steps, population = _check_sampling(sampling_rate, steps, population)
         if not isinstance(mechanism, str) or not mechanism:
             raise ValueError(f"mechanism must be a non-empty name such as 'context' or 'coef-grad', got {mechanism!r}.")
         key = (client, round, mechanism)
@@ -162,7 +190,7 @@ class PrivacyLedger:
                 "a resumed run "
                 "must continue after the last recorded round."
             )
-        release = Release(client, round, sensitivity, sigma, mechanism, sampling_rate, steps)
+        release = Release(client, round, sensitivity, sigma, mechanism, sampling_rate, steps, population)
         self._keys.add(key)
         self._releases.append(release)
         self._by_client.setdefault(client, []).append(release)
@@ -188,25 +216,25 @@ class PrivacyLedger:
         with subsampled releases: dp-accounting's RDP accountant, whatever the conversion)."""
         return self._epsilon(self._events(client, ()), conversion=conversion, delta=delta)
 
-    def _events(self, client: int, extra: Iterable[tuple[float, ...]]) -> list[tuple[float, float, float, int]]:
-        events = [(r.sensitivity, r.sigma, r.sampling_rate, r.steps) for r in self._by_client.get(client, ())]
+    def _events(self, client: int, extra: Iterable[tuple[float, ...]]) -> list[Event]:
+        events = [
+            (r.sensitivity, r.sigma, r.sampling_rate, r.steps, r.population) for r in self._by_client.get(client, ())
+        ]
         for e in extra:
             sensitivity, sigma = check_release(e[0], e[1])
             events.append((sensitivity, sigma, *_check_sampling(*(e[2:] if len(e) > 2 else (1.0, 1)))))
         return events
 
-    def _epsilon(
-        self, events: list[tuple[float, float, float, int]], *, conversion: str | None, delta: float | None
-    ) -> float:
+    def _epsilon(self, events: list[Event], *, conversion: str | None, delta: float | None) -> float:
         delta = self.delta if delta is None else delta
-        if any(q < 1.0 for _, _, q, _ in events):
+        if any(e[2] < 1.0 for e in events):
             return sampled_epsilon(events, delta=delta)
-        rho = math.fsum(steps * s**2 / (2.0 * sigma**2) for s, sigma, _, steps in events)
+        rho = math.fsum(steps * s**2 / (2.0 * sigma**2) for s, sigma, _, steps, _ in events)
         return epsilon_from_rho(rho, delta=delta, conversion=conversion or self.conversion)
 
     def epsilon_with(self, client: int, extra: Iterable[tuple[float, ...]], *, conversion: str | None = None) -> float:
         """``eps_i`` the client would have after further ``(sensitivity, sigma)`` releases, or
-        ``(sensitivity, sigma, sampling_rate, steps)`` ones (not recorded)."""
+        ``(sensitivity, sigma, sampling_rate, steps[, population])`` ones (not recorded)."""
         return self._epsilon(self._events(client, extra), conversion=conversion, delta=None)
 
     def epsilons(self, *, conversion: str | None = None, delta: float | None = None) -> dict[int, float]:
@@ -241,6 +269,7 @@ class PrivacyLedger:
                 mechanism=r["mechanism"],
                 sampling_rate=r.get("sampling_rate", 1.0),
                 steps=r.get("steps", 1),
+                population=r.get("population", 0),
             )
         return ledger
 
@@ -311,9 +340,10 @@ class BudgetGuard:
         mechanism: str,
         sampling_rate: float = 1.0,
         steps: int = 1,
+        population: int = 0,
     ) -> float:
         """eps the client would reach with this release; :class:`PrivacyBudgetExceeded` if over target."""
-        extra = [(sensitivity, sigma, sampling_rate, steps)]
+        extra = [(sensitivity, sigma, sampling_rate, steps, population)]
         eps = self.ledger.epsilon_with(int(client), extra, conversion=self.conversion)
         if self._over(eps):
             raise PrivacyBudgetExceeded(
@@ -336,8 +366,9 @@ class BudgetGuard:
         mechanism: str,
         sampling_rate: float = 1.0,
         steps: int = 1,
+        population: int = 0,
     ) -> Release:
         """Check, then record in the ledger; nothing is recorded when the check fails."""
-        kw = {"sensitivity": sensitivity, "sigma": sigma, "mechanism": mechanism}
+        kw = {"sensitivity": sensitivity, "sigma": sigma, "mechanism": mechanism, "population": population}
         self.check_release(client=client, round=round, sampling_rate=sampling_rate, steps=steps, **kw)
         return self.ledger.record(client=client, round=round, sampling_rate=sampling_rate, steps=steps, **kw)

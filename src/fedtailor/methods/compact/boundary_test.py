@@ -60,7 +60,7 @@ def _secure_release(codec: str):
     return setup, method, state, cid, u, method.decode(state.server, 1, cid, reply), reply
 
 
-@pytest.mark.parametrize("codec", ["dg-fp32", "dg-q12", "lrsuq"])
+@pytest.mark.parametrize("codec", ["dg-fp32", "dg-q12", "lrsuq", "ppr"])
 def test_the_server_side_cannot_regenerate_the_noise_of_a_secure_release(codec, tmp_path):
     """Everything the server side holds (its state with the key ring, a checkpoint of the whole run, which in
     this in-process run even holds the clients' states, and the reply) gives no key whose Gaussian stream

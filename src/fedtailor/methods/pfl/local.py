@@ -127,6 +127,15 @@ class ClientDPConfig(DPConfig):
         return self
 
 
+class ServerDPConfig(DPConfig):
+    """Client-level DP with a trusted server's noise on the sum of the clipped updates ([method.server_dp];
+    docs/privacy.md): the guarantee covers what the server outputs, not the server; client sampling credited."""
+
+    noise_multiplier: float | None = Field(
+        None, gt=0, description="z = sigma / (2 C) of the noise on the sum instead of calibrating it to epsilon"
+    )
+
+
 class RecordDPConfig(DPConfig):
     """Record-level DP-SGD in local training around the method it sits in ([method.record_dp]; docs/privacy.md,
     "Record-level DP-SGD for the parameter-sharing methods"): every local SGD run of a client's fit samples its
@@ -182,6 +191,9 @@ class LocalSGDConfig(Section):
     )
     record_dp: RecordDPConfig | None = Field(
         None, description="record-level DP-SGD in local training ([method.record_dp] section; under FedLAG)"
+    )
+    server_dp: ServerDPConfig | None = Field(
+        None, description="client-level DP, a trusted server's noise on the aggregate ([method.server_dp] section)"
     )
 
 

@@ -54,6 +54,7 @@ from fedtailor.methods.pfl.local import (
     LocalTraining,
     PersonalState,
     RecordDPConfig,
+    ServerDPConfig,
     SharedState,
 )
 from fedtailor.privacy.calibrate import calibrate_sigma
@@ -65,6 +66,7 @@ from fedtailor.rng import derive_key, fresh_key
 
 MECHANISM = "client-update"
 RECORD_MECHANISM = "dp-sgd"
+SERVER_MECHANISM = "server-aggregate"
 
 
 @dataclass
@@ -121,7 +123,13 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
             plan = {}
             for c, t in self.plan().items():
                 terms = self.release_terms(c)
-                one = (terms["sensitivity"], terms["sigma"], terms.get("sampling_rate", 1.0), terms.get("steps", 1))
+                one = (
+                    terms["sensitivity"],
+                    terms["sigma"],
+                    terms.get("sampling_rate", 1.0),
+                    terms.get("steps", 1),
+                    terms.get("population", 0),
+                )
                 plan[c] = [one] * t
             self._guard(ledger).check_plan(plan)
         return _with_ledger(self.base.init_server(), ledger)
@@ -471,6 +479,134 @@ class RecordDP(_PrivateRelease):
             "sampling_rate_max": max(self.rates.values(), default=0.0),
         }
         return self._summary(server, "record-level DP-SGD (add/remove one record), each client's own noise", extra)
+
+
+class ServerDP(_PrivateRelease):
+    """``[method.server_dp]`` around ``base``: a trusted server clips each client's shared update and adds the
+    noise to their sum (DP-FedAvg, *Learning Differentially Private Recurrent Language Models*, McMahan, Ramage,
+    Talwar, Zhang 2018, arXiv:1710.06963, with fixed-size client sampling).
+
+    Round ``t`` asks ``m`` of the ``N`` training clients, a fixed-size uniform sample (the schedule). The server
+    clips every accepted update ``clip_C(theta_i[S] - theta_g[S])``, draws ``xi ~ N(0, sigma^2 I)`` from its own
+    key (``randomness = "secure"``; simulation: from the seed) and sets ``theta_g[S] + (sum_i clip_C(...) + xi) / m``,
+    dividing by the public ``m`` whatever the number of replies. Replacing one client moves the sum by at most
+    ``2 C``: each round is a subsampled Gaussian mechanism of noise multiplier ``z = sigma / (2 C)`` on a sample of
+    ``m`` out of ``N`` (replace-one), recorded for every training client in every round (dp-accounting's
+    ``SampledWithoutReplacementDpEvent``, Wang, Balle, Kasiviswanathan 2019). The guarantee covers what the server
+    outputs (the shared values it sends, its logs, what it stores of the aggregate), not the server, which sees
+    every update; the sampling credit assumes the schedule is secret from those observers (it follows from the
+    config seed here, so the credit holds only while the seed is). FedLAG's conflict score reads the clients'
+    individual updates and is refused with this wrapper."""
+
+    mechanism = SERVER_MECHANISM
+
+    def __init__(
+        self, base: LocalTraining, *, cfg: ServerDPConfig, schedule: np.ndarray, seed: int, clients: list[int]
+    ) -> None:
+        super().__init__(base, cfg)
+        self.cfg, self.seed, self.clients = cfg, seed, sorted(clients)
+        population = len(self.clients)
+        self.rounds, self.per_round = (int(schedule.shape[0]), int(schedule.shape[1])) if schedule.size else (0, 1)
+        if not 0 < self.per_round <= population:
+            raise ValueError(f"server_dp needs 1 to {population} clients a round, got {self.per_round}.")
+        self.population = population
+        self.q = self.per_round / population
+        self.sensitivity = 2.0 * cfg.clip  # replace-one: two updates in the ball of radius C
+        self.noise_multiplier = 0.0
+        if self.noisy:
+            self.noise_multiplier = cfg.noise_multiplier or self._calibrate()
+        self.sigma = self.noise_multiplier * self.sensitivity
+
+    def _calibrate(self) -> float:
+        """The smallest noise multiplier (to 0.1%) with which every client stays within the target after all
+        the rounds."""
+
+        q = min(self.q, 1.0)
+
+        def eps(z: float) -> float:  # as the ledger will compose it (all clients sampled: plain Gaussians)
+            ledger = PrivacyLedger(delta=self.delta, conversion=self.conversion)
+            return ledger.epsilon_with(0, [(1.0, z, q, self.rounds, self.population if q < 1 else 0)])
+
+        lo, hi = 0.05, 1.0
+        while eps(hi) > self.epsilon:
+            lo, hi = hi, hi * 4
+            if hi > 1e6:
+                raise ValueError(f"no noise multiplier reaches eps = {self.epsilon}; raise the target.")
+        while hi / lo > 1.001:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if eps(mid) > self.epsilon else (lo, mid)
+        return hi
+
+    def plan(self) -> dict[int, int]:
+        return dict.fromkeys(self.clients, self.rounds)
+
+    def release_terms(self, cid: int) -> dict[str, Any]:
+        if self.q >= 1.0:  # every client every round: plain Gaussian releases
+            return {"sensitivity": self.sensitivity, "sigma": self.sigma}
+        return {
+            "sensitivity": self.sensitivity,
+            "sigma": self.sigma,
+            "sampling_rate": self.q,
+            "population": self.population,
+        }
+
+    def release_bound(self, cid: int, dim: int) -> float:
+        return math.inf  # the server clips every update itself
+
+    def configure_fit(self, server: PrivateState, rnd: int, cid: int) -> Message:
+        return self.base.configure_fit(server, rnd, cid)  # the round's release is the aggregate, checked there
+
+    def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        self.base.validate_reply(server, phase, rnd, cid, reply)  # the trusted server sees the update as it is
+
+    def aggregate_fit(
+        self, server: PrivateState, rnd: int, replies: dict[int, Message]
+    ) -> tuple[PrivateState, Metrics]:
+        """``theta_g[S] + (sum_i clip_C(update_i) + N(0, sigma^2 I)) / m``, recorded for every training client;
+        then the base's aggregation of that one value (each reply replaced by it, equal weights)."""
+        if not self.noisy:
+            base, metrics = self.base.aggregate_fit(server, rnd, replies)
+            return _with_ledger(base, server.ledger), metrics
+        guard = self._guard(server.ledger)
+        for c in self.clients:  # every training client's records shape the output, sampled or not
+            if not server.ledger.recorded(client=c, round=rnd, mechanism=self.mechanism):
+                guard.record(client=c, round=rnd, mechanism=self.mechanism, **self.release_terms(c))
+        names = self.base.shared_names(server)
+        start = {n: server.params[n] for n in names}
+        total = torch.zeros(sum(t.numel() for t in start.values()), dtype=torch.float64)
+        for reply in replies.values():
+            update = torch.cat([(reply.arrays[n].double() - start[n].double()).reshape(-1).cpu() for n in names])
+            norm = float(torch.linalg.vector_norm(update))
+            total += update * min(1.0, self.cfg.clip / norm) if norm > 0 else update
+        key = derive_key(self.seed, "server-dp", rnd) if self.simulation else fresh_key()
+        total += torch.from_numpy(secure_gaussian_noise(key, "server-dp", sigma=self.sigma, size=total.numel()))
+        shared = _shift(start, total / self.per_round)
+        equal = {c: Message(arrays=dict(shared), config={"num_examples": 1, "loss": 0.0}) for c in replies}
+        base, metrics = self.base.aggregate_fit(server, rnd, equal)
+        return _with_ledger(base, server.ledger), {k: v for k, v in metrics.items() if k != "loss"}
+
+    def client_fit_many(
+        self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
+    ) -> dict[int, tuple[Message, PersonalState]]:
+        return self.base.client_fit_many(msgs, states, data)
+
+    def holds_against(self) -> str:
+        seed = "the config's seed" if self.simulation else "the server's noise key"
+        return (
+            "every output of the server (the shared values it sends, its logs and stored aggregates) for observers "
+            f"who do not know {seed} or the schedule (it follows from the config seed); not the server itself, "
+            "which sees every client's update (a trusted server)"
+        )
+
+    def summary(self, server: PrivateState) -> dict[str, Any]:
+        extra = {
+            "dp_clip": self.cfg.clip,
+            "sigma": self.sigma,
+            "noise_multiplier": self.noise_multiplier,
+            "client_sampling": f"{self.per_round} of {self.population} a round (q = {self.q:.4g})",
+            "rounds": self.rounds,
+        }
+        return self._summary(server, "client-level, a trusted server's noise on the aggregate", extra)
 
 
 def _with_ledger(base: SharedState, ledger: PrivacyLedger) -> PrivateState:

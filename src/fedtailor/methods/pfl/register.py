@@ -13,7 +13,7 @@ from fedtailor.fl.registry import MethodSpec, register_method
 from fedtailor.fl.setup import train_sizes
 from fedtailor.methods.pfl.fedlag import FedLAG
 from fedtailor.methods.pfl.local import LocalSGDConfig, LocalTraining
-from fedtailor.methods.pfl.private import ClientDP, RecordDP
+from fedtailor.methods.pfl.private import ClientDP, RecordDP, ServerDP
 
 
 def register_base(
@@ -48,8 +48,16 @@ def register_base(
             unseen_finetune_epochs=m.unseen_finetune_epochs,
             **{o: getattr(m, o) for o in options},
         )
-        if m.client_dp is not None and m.record_dp is not None:
-            raise ValueError("choose one of [method.client_dp] and [method.record_dp].")
+        if sum(x is not None for x in (m.client_dp, m.record_dp, m.server_dp)) > 1:
+            raise ValueError("choose one of [method.client_dp], [method.record_dp] and [method.server_dp].")
+        if m.server_dp is not None and m.fedlag is not None:
+            raise ValueError(
+                "[method.fedlag] with [method.server_dp]: FedLAG's conflict score reads each client's update, which "
+                "the server's noise does not cover; use [method.client_dp] (each client's own noise) under FedLAG."
+            )
+        if m.server_dp is not None:
+            seen = [c for c, d in setup.clients.items() if d.seen]
+            base = ServerDP(base, cfg=m.server_dp, schedule=setup.schedule, seed=setup.cfg.seed, clients=seen)
         if m.client_dp is not None:
             clients = sorted(setup.clients)
             base = ClientDP(base, cfg=m.client_dp, schedule=setup.schedule, seed=setup.cfg.seed, clients=clients)
