@@ -151,6 +151,8 @@ TUNED_TABLE1 = {f"eps16/variant={v}": name for v, name in COMPACT_VARIANTS.items
 TUNED_CONTROLS = {
     **{k: v for k, v in CONTROLS.items() if k.startswith("eps16/") and k != "eps16/variant=factorized-ctx"},
     "eps16/variant=factorized-ctx": "Factorized+ctx (the private context; = Ours-DG)",
+    "eps16/variant=factorized-clean": "Factorized+clean (the exact context mean, no noise; eps void)",
+    "eps16-replay/variant=replay": "Replay (Direct with Factorized's per-round gain; not tuned)",
 }
 
 
