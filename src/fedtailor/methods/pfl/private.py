@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -417,15 +418,7 @@ class RecordDP(_PrivateRelease):
         def worst(z: float) -> float:
             return max(sampled_epsilon([(1.0, z, q, s)], delta=self.delta) for q, s in totals)
 
-        lo, hi = 0.05, 1.0
-        while worst(hi) > self.epsilon:
-            lo, hi = hi, hi * 4
-            if hi > 1e6:
-                raise ValueError(f"no noise multiplier reaches eps = {self.epsilon}; raise the target.")
-        while hi / lo > 1.001:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if worst(mid) > self.epsilon else (lo, mid)
-        return hi
+        return _smallest_multiplier(worst, self.epsilon)
 
     def plan(self) -> dict[int, int]:
         return self.planned
@@ -520,22 +513,13 @@ class ServerDP(_PrivateRelease):
     def _calibrate(self) -> float:
         """The smallest noise multiplier (to 0.1%) with which every client stays within the target after all
         the rounds."""
-
         q = min(self.q, 1.0)
 
         def eps(z: float) -> float:  # as the ledger will compose it (all clients sampled: plain Gaussians)
             ledger = PrivacyLedger(delta=self.delta, conversion=self.conversion)
             return ledger.epsilon_with(0, [(1.0, z, q, self.rounds, self.population if q < 1 else 0)])
 
-        lo, hi = 0.05, 1.0
-        while eps(hi) > self.epsilon:
-            lo, hi = hi, hi * 4
-            if hi > 1e6:
-                raise ValueError(f"no noise multiplier reaches eps = {self.epsilon}; raise the target.")
-        while hi / lo > 1.001:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if eps(mid) > self.epsilon else (lo, mid)
-        return hi
+        return _smallest_multiplier(eps, self.epsilon)
 
     def plan(self) -> dict[int, int]:
         return dict.fromkeys(self.clients, self.rounds)
@@ -607,6 +591,20 @@ class ServerDP(_PrivateRelease):
             "rounds": self.rounds,
         }
         return self._summary(server, "client-level, a trusted server's noise on the aggregate", extra)
+
+
+def _smallest_multiplier(eps: Callable[[float], float], target: float) -> float:
+    """The smallest noise multiplier ``z`` (to 0.1%) with ``eps(z) <= target`` (``eps`` decreasing in ``z``):
+    bracketed from 1 by factors of 4, then bisected on ``log z``."""
+    lo, hi = 0.05, 1.0
+    while eps(hi) > target:
+        lo, hi = hi, hi * 4
+        if hi > 1e6:
+            raise ValueError(f"no noise multiplier reaches eps = {target}; raise the target.")
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if eps(mid) > target else (lo, mid)
+    return hi
 
 
 def _with_ledger(base: SharedState, ledger: PrivacyLedger) -> PrivateState:
