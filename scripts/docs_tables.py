@@ -184,19 +184,20 @@ def seed_values(root: Path, experiment: str) -> dict[str, dict[int, dict[str, st
 
 def uplink(root: Path) -> dict[str, dict[str, str]]:
     """Bits per coefficient and protected uplink of each Table 1 variant (``uplink.csv``), the rows that the
-    communication table also measured checked against it."""
+    communication table of the same era (seed 41, LRSUQ frame version 1: ``compact-comm-mnist-v1``) also measured
+    checked against it."""
     rel = f"{RESULTS_DIR}/compact-table1-mnist/uplink.csv"
     rows = {r["variant"]: r for r in read_csv(root, rel)}
-    comm = points(root, "compact-comm-mnist")
+    comm = points(root, "compact-comm-mnist-v1")
     for key, r in comm.items():
         variant = key.split("variant=")[1]
         mine = rows.get(variant)
         bits = float(r["bits_per_coefficient_mean (mean)"])
         mb = float(r["uplink_payload_MB (mean)"])
         if mine is None or abs(float(mine["bits_per_coefficient"]) - bits) > 1e-3:
-            raise SourceError(f"{rel}: {variant} bits differ from compact-comm-mnist/table.csv ({bits:.4f})")
+            raise SourceError(f"{rel}: {variant} bits differ from compact-comm-mnist-v1/table.csv ({bits:.4f})")
         if abs(float(mine["uplink_payload_MB"]) - mb) > 5e-3:
-            raise SourceError(f"{rel}: {variant} MB differ from compact-comm-mnist/table.csv ({mb:.3f})")
+            raise SourceError(f"{rel}: {variant} MB differ from compact-comm-mnist-v1/table.csv ({mb:.3f})")
     return rows
 
 
@@ -291,7 +292,7 @@ def compact_paired(experiment: str, names: dict[str, str]) -> Callable[[Path], s
 
 def compact_comm(root: Path) -> str:
     rows = points(root, "compact-comm-mnist")
-    names = {"ours-dg": "DG FP32", "dg-q12": "DG+Q12", "ours-lrsuq": "LRSUQ"}
+    names = {"ours-dg": "DG FP32", "dg-q12": "DG+Q12", "ours-lrsuq": "LRSUQ", "ours-ppr": "PPR (b = 4)"}
     body = []
     for key, r in rows.items():
         variant = key.split("variant=")[1]
@@ -301,11 +302,11 @@ def compact_comm(root: Path) -> str:
                 f"{float(r['bits_per_coefficient_mean (mean)']):.3f}",
                 f"{float(r['uplink_payload_MB (mean)']):.2f}",
                 f"{float(r['encode_ms_mean (mean)']):.2f}",
-                f"{mean_std(r, SEEN)[0]:.2f} / {mean_std(r, FUTURE)[0]:.2f}",
+                f"{pm(*mean_std(r, SEEN))} / {pm(*mean_std(r, FUTURE))}",
             ]
         )
-    header = ["codec (variant)", "bits per coef.", "protected uplink (MB)", "encode ms per release (mean)"]
-    return table([*header, "Seen / Future (seed 41)"], body)
+    header = ["codec (variant)", "bits per coef. (padded)", "protected uplink (MB)", "encode ms per release (mean)"]
+    return table([*header, "Seen / Future (seeds 41-43)"], body)
 
 
 def layer_allocation_validation(root: Path) -> str:
