@@ -177,3 +177,58 @@ def test_the_rate_at_eps_16() -> None:
     alpha 8, spread 2.5); b = 8 reaches 0.49 (docs/codecs.md, the rate-time table)."""
     bpc = [8 * len(PPRCodec().encode(unit_vector(K, s), key=release_key(0, 0, s), sigma=SIGMA)) / K for s in range(3)]
     assert 0.62 < np.mean(bpc) < 0.72
+
+
+class _EarlyStop(PPRCodec):
+    """One candidate scored per block before the stopping rule: the exact tail does most of the search."""
+
+    def first_labels(self, sigma: float, dim: int) -> int:
+        return 1
+
+
+class _TailOffByOne(_EarlyStop):
+    """Broken: a point won in the tail is sent with the next label (the decoder outputs another candidate)."""
+
+    def tail(self, *args, **kwargs):
+        label, value = super().tail(*args, **kwargs)
+        return label + 1, value
+
+
+def test_the_tail_is_exact_where_it_decides_most_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail (the points beyond the scored ones that could still win, drawn exactly) rarely changes a block's
+    choice at the defaults (its envelope uses the loose bound r*). Here it decides about 40% of the blocks: u = 0,
+    a proposal only 1.5x the target's variance (b = 1, so r / r* = exp(-g^2 / 4) stays near 1), alpha 2, one
+    scored candidate, and a stop once at most 50 points could still win. The output must still be N(0, sigma^2):
+    6,000 draws, the variance within 4.5 of its standard errors (0.018) and KS; a tail that sends the wrong label
+    releases draws from the proposal in those blocks (variance about 1.2) and fails."""
+    import fedtailor.codecs.ppr as ppr
+
+    monkeypatch.setattr(ppr, "STOP_MASS", 50.0)
+    sigma, d = 0.05, 3000
+    spread = 0.5 * d * sigma**2  # gamma = 0.5
+
+    def release(codec: PPRCodec) -> np.ndarray:
+        keys = [release_key(1, 0, r) for r in range(2)]
+        return np.concatenate(
+            [
+                codec.decode(codec.encode(np.zeros(d), key=k, sigma=sigma), key=k, sigma=sigma, dim=d) / sigma
+                for k in keys
+            ]
+        )
+
+    wins = []
+    original = _EarlyStop.tail
+
+    def counted(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        wins.append(out[1] < args[2])
+        return out
+
+    monkeypatch.setattr(_EarlyStop, "tail", counted)
+    e = release(_EarlyStop(block_size=1, alpha=2.0, spread=spread))
+    assert sum(wins) > 0.25 * e.size  # the tail really decides
+    se = math.sqrt(2 / e.size)
+    assert abs(e.var() - 1) < 4.5 * se and stats.kstest(e, "norm").pvalue > 1e-3
+    monkeypatch.setattr(_EarlyStop, "tail", original)
+    broken = release(_TailOffByOne(block_size=1, alpha=2.0, spread=spread))
+    assert broken.var() - 1 > 6 * se, broken.var()
