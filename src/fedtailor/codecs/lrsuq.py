@@ -52,9 +52,13 @@ class KeyStream:
     as little-endian uint64 words; nonce and block counter start at zero. Each key is used for one stream only."""
 
     def __init__(self, key: int) -> None:
-        chacha_key = check_key(key).to_bytes(KEY_BITS // 8, "little")
-        self._encryptor = Cipher(algorithms.ChaCha20(chacha_key, bytes(16)), mode=None).encryptor()
+        self._encryptor = self.cipher(check_key(key).to_bytes(KEY_BITS // 8, "little")).encryptor()
         self._zeros = memoryview(b"")
+
+    @staticmethod
+    def cipher(raw_key: bytes) -> Cipher:
+        """The stream cipher of a 32-byte key (subclasses choose another, e.g. AES-CTR)."""
+        return Cipher(algorithms.ChaCha20(raw_key, bytes(16)), mode=None)
 
     def words(self, count: int) -> np.ndarray:
         """The next ``count`` words of the stream."""

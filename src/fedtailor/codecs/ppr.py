@@ -43,12 +43,13 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import integrate, stats
 
 from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, check_key, check_sigma
 from fedtailor.codecs.bits import BitReader, BitWriter
 from fedtailor.codecs.format import Frame, open_message, seal
+from fedtailor.codecs.lrsuq import KeyStream
 from fedtailor.privacy.noise import KEY_BITS, open_unit
 from fedtailor.rng import derive_key
 
@@ -64,20 +65,13 @@ STOP_MASS = 0.01
 MAX_LABELS = 2**24
 
 
-class AesStream:
-    """The AES-256-CTR keystream of one 256-bit key (counter from zero), read front to back as little-endian
-    uint64 words: a cryptographically secure stream (NIST's CTR_DRBG is built on it) at AES-instruction speed."""
+class AesStream(KeyStream):
+    """The AES-256-CTR keystream of one 256-bit key (counter from zero), read as :class:`KeyStream` reads
+    ChaCha20's: a cryptographically secure stream (NIST's CTR_DRBG is built on it) at AES-instruction speed."""
 
-    def __init__(self, key: int) -> None:
-        raw = check_key(key).to_bytes(KEY_BITS // 8, "little")
-        self._encryptor: CipherContext = Cipher(algorithms.AES(raw), modes.CTR(bytes(16))).encryptor()
-        self._zeros = memoryview(b"")
-
-    def words(self, count: int) -> np.ndarray:
-        """The next ``count`` words of the stream."""
-        if len(self._zeros) < 8 * count:
-            self._zeros = memoryview(bytes(8 * count))
-        return np.frombuffer(self._encryptor.update(self._zeros[: 8 * count]), dtype="<u8")
+    @staticmethod
+    def cipher(raw_key: bytes) -> Cipher:
+        return Cipher(algorithms.AES(raw_key), modes.CTR(bytes(16)))
 
 
 def fwht(x: np.ndarray) -> np.ndarray:
@@ -103,7 +97,6 @@ class SharedRotation:
 
     def __init__(self, key: int, dim: int) -> None:
         """``key``: the rotation's own stream key (``PPRCodec.stream_key(release_key, "rotation")``)."""
-        self.dim = dim
         self.size = 1 << (dim.bit_length() - 1)
         bits = AesStream(key).words(-(-2 * dim // 64))
         signs = np.unpackbits(bits.view(np.uint8), bitorder="little")[: 2 * dim].astype(np.float64)
