@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -456,3 +457,19 @@ def test_a_tuning_key_applies_only_to_the_methods_that_have_it(tmp_path):
     assert per_base["fedprox"] == per_base["ditto"] == 2 * 4 * 3 and per_base["fedavg"] == 2 * 4
     fedprox = next(r for r in runs if dict(r.point).get("method.mu") == "0.1")
     assert fedprox.cfg.method.mu == 0.1 and fedprox.cfg.data.validation == 0.2
+
+
+def test_runs_get_threads_from_the_cores_this_process_may_use(tmp_path, registry, monkeypatch):
+    """Under ``taskset -c 1`` (or a scheduler's allocation of one core) on a many-core machine, a run gets one
+    thread, not ``os.cpu_count()`` of them."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    runs = rp.plan(["tiny"], out=tmp_path, seeds=[1], quick=False, registry=registry)[:1]
+    log = tmp_path / "threads.txt"
+
+    def fake(run):
+        code = f"import os; open({str(log)!r}, 'w').write(os.environ['OMP_NUM_THREADS'])"
+        return [sys.executable, "-c", code]
+
+    rp.execute(runs, jobs=4, progress=lambda line: None, command=fake)
+    assert log.read_text() == "1"

@@ -25,6 +25,14 @@ def _log_path(run: Run) -> Path:
     return run.out.parent / f"{run.out.name}.log"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the platform has one (``taskset``, a batch
+    scheduler's allocation), else every core."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def execute(
     runs: list[Run],
     *,
@@ -35,7 +43,7 @@ def execute(
     """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
     line after each start and finish: done / running / left and an estimate of the time left. ``command``: the
     process of a run (default: ``fedtailor run`` with the run's overrides). Returns the runs that failed."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     jobs = max(1, min(jobs, cores))
     todo = [r for r in runs if not r.done]
     done, failed = len(runs) - len(todo), []
