@@ -40,6 +40,7 @@ CODECS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("PPR b=4, alpha 8 (default)", "ppr", {}),
     ("PPR b=4, argmin", "ppr", {"alpha": math.inf}),
     ("PPR b=8, alpha 8", "ppr", {"block_size": 8}),
+    ("PPR b=8, argmin", "ppr", {"block_size": 8, "alpha": math.inf}),
 )
 
 

@@ -25,26 +25,32 @@ arXiv:2405.20782), built on the Poisson functional representation (Li & El Gamal
   paper's theorem; ``alpha = inf`` is the plain PFR argmin, with no such guarantee). The message is ``K`` per
   block, Elias-gamma coded.
 
-Search, exact and vectorised over blocks: labels are scored in T order; after the first ``L1`` (then in doubling
-chunks) a block stops once the points still able to beat its best score are few: points beyond ``T_N`` can only
-win if ``V < c T^-alpha``, ``c = exp(s* + alpha log r*)``, an expected ``m <= c T_N^(1 - alpha) / (alpha - 1)``
-of them (``s*`` the best log score). The block then draws exactly those points (a thinned Poisson process, by
-rejection from the Pareto envelope) with their labels (the count of all points before them: Poisson with the
-integral of ``exp(-c s^-alpha)``) and scores them too: no point that could win is ever skipped. With
-``alpha = inf`` the stop is deterministic (``T_N >= exp(s* + log r*)``). A block that would need more than
+Search, exact and vectorised over blocks. Completing the square, ``log r(tau g) = log r* - beta |g - mu|^2``
+(:class:`_Target`): only candidates in a ball around ``mu`` can win. Labels are drawn in T order, a chunk a round
+(the first 8 for every block, then as many as half the unfinished blocks still need at their current best, at most
+doubling). A candidate can beat its block's best ``s*`` only if ``beta |g - mu|^2 < budget = log r* - log T +
+(s* - log V) / alpha`` (``s*`` unset: every candidate is formed); its Box-Muller pairs are formed one at a time,
+largest ``|mu_p|`` first, and it is dropped as soon as the partial distance exceeds the budget (each pair's term
+is >= 0), so most candidates cost their private draws and one pair. A block stops once the points still able to
+beat its best are few: points beyond ``T_N`` can only win if ``V < c T^-alpha``, ``c = exp(s* + alpha log r*)``,
+an expected ``m <= c T_N^(1 - alpha) / (alpha - 1)`` of them. The block then draws exactly those points (a thinned
+Poisson process, by rejection from the Pareto envelope) with their labels (the count of all points before them:
+Poisson with the integral of ``exp(-c s^-alpha)``) and scores them too: no point that could win is ever skipped.
+With ``alpha = inf`` the stop is deterministic (``T_N >= exp(s* + log r*)``). A block that would need more than
 ``MAX_LABELS`` labels is refused with :class:`CodecError`, never answered approximately.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import TypeVar
 
 import numpy as np
 import torch
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from scipy import integrate, stats
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
+from scipy import special
 
 from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, check_key, check_sigma
 from fedtailor.codecs.bits import BitReader, BitWriter
@@ -74,21 +80,28 @@ class AesStream(KeyStream):
         return Cipher(algorithms.AES(raw_key), modes.CTR(bytes(16)))
 
 
-def fwht(x: np.ndarray) -> np.ndarray:
-    """The normalised Walsh-Hadamard transform of the last axis (length a power of two), in a new array.
+@functools.lru_cache(maxsize=16)
+def _hadamard(n: int) -> np.ndarray:
+    """The Sylvester Hadamard matrix of order n (a power of two), entries +-1, read-only."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    h.setflags(write=False)
+    return h
 
-    Orthonormal and its own inverse: ``fwht(fwht(x)) == x`` up to rounding."""
+
+def fwht(x: np.ndarray) -> np.ndarray:
+    """The normalised Walsh-Hadamard transform of the last axis (length ``n``, a power of two), in a new array.
+
+    Orthonormal and its own inverse: ``fwht(fwht(x)) == x`` up to rounding. As two small matrix products:
+    ``H_n = H_a kron H_b`` for ``n = a b`` (Sylvester), so ``H_n x = vec(H_a X H_b)`` with ``X`` the ``a x b``
+    reshaping of ``x`` (a few hundred microseconds at n = 16,384, against milliseconds for the butterflies)."""
     n = x.shape[-1]
-    out = np.array(x, dtype=np.float64, copy=True)
-    h = 1
-    while h < n:
-        v = out.reshape(-1, n // (2 * h), 2, h)
-        a, b = v[:, :, 0, :].copy(), v[:, :, 1, :]
-        v[:, :, 0, :] += b
-        v[:, :, 1, :] = a - b
-        h *= 2
+    a = 1 << (n.bit_length() - 1) // 2
+    grid = np.asarray(x, dtype=np.float64).reshape(*x.shape[:-1], a, n // a)
+    out = _hadamard(a) @ grid @ _hadamard(n // a)
     out *= 1.0 / math.sqrt(n)
-    return out
+    return out.reshape(x.shape)
 
 
 class SharedRotation:
@@ -118,31 +131,52 @@ class SharedRotation:
         return x
 
 
-def _pairs(words: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(R^2, cos A, sin A) of the Box-Muller pairs in the last axis of ``words`` (pairs of 52-bit uniforms):
-    ``R^2 = -2 ln U``, ``A = 2 pi U'``; the normals are ``R cos A`` and ``R sin A``. float64 torch tensors (SLEEF's
-    vectorised log and trig, about 2.5x numpy's), used alike by encoder and decoder."""
-    u = torch.from_numpy(open_unit(words))
-    u = u.view(*u.shape[:-1], -1, 2)
-    r2 = u[..., 0].log().mul_(-2.0)
-    angle = u[..., 1].mul(2.0 * math.pi)
-    return r2, angle.cos(), angle.sin_()
-
-
-def _sum_last(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the short last axis (the b/2 pairs) by adds: several times faster than ``sum(dim=-1)`` there."""
-    out = x[..., 0].clone()
-    for p in range(1, x.shape[-1]):
-        out += x[..., p]
-    return out
+def _ecb(cipher: CipherContext, counters: np.ndarray) -> np.ndarray:
+    """The words of ``cipher`` applied to the 16-byte rows of ``counters`` (written straight into a new array:
+    far cheaper here than the bytes object ``update`` allocates)."""
+    out = np.empty(counters.size + 2, dtype="<u8")  # update_into wants a block of slack
+    if counters.size:
+        cipher.update_into(memoryview(counters).cast("B"), memoryview(out).cast("B"))
+    return out[: counters.size]
 
 
 def normals_from_words(words: np.ndarray, b: int) -> np.ndarray:
-    """Standard normals ``(..., b)`` from rows of ``2 ceil(b / 2)`` words (:func:`_pairs`)."""
-    r2, cos, sin = _pairs(words)
-    radius = r2.sqrt_()
-    g = torch.stack([radius * cos, radius * sin], dim=-1)
-    return g.reshape(*r2.shape[:-1], -1)[..., :b].numpy()
+    """Standard normals ``(..., b)`` from rows of ``2 ceil(b / 2)`` words (pairs of 52-bit uniforms ``U, U'``):
+    Box-Muller, ``R = sqrt(-2 ln U)``, ``A = 2 pi U'``, normals ``R cos A`` and ``R sin A`` (float64 torch: SLEEF's
+    vectorised log and trig, about 2.5x numpy's)."""
+    u = torch.from_numpy(open_unit(words))
+    u = u.view(*u.shape[:-1], -1, 2)
+    radius = u[..., 0].log().mul_(-2.0).sqrt_()
+    angle = u[..., 1].mul(2.0 * math.pi)
+    g = torch.stack([radius * angle.cos(), radius * angle.sin()], dim=-1)
+    return g.reshape(*radius.shape[:-1], -1)[..., :b].numpy()
+
+
+def poisson_ppf(q: float, mean: float) -> int:
+    """The smallest ``n`` with ``P(N <= n) >= q`` for ``N ~ Poisson(mean)``: scipy's ``poisson.ppf`` computed as it
+    computes it (``pdtrik``, then one step down where ``pdtr`` allows), without its per-call dispatch."""
+    n = math.ceil(special.pdtrik(q, mean))
+    below = max(n - 1, 0)
+    return below if special.pdtr(below, mean) >= q else n
+
+
+_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(12)
+
+
+def unable_mass(lo: float, hi: float, c: float, alpha: float) -> float:
+    """``int_lo^hi exp(-c s^-alpha) ds``: the expected number of points of a rate-1 process in ``(lo, hi]`` whose
+    ``V ~ Exp(1)`` is not below ``c s^-alpha``. A short interval (``hi - lo < lo / 20``): 12-point Gauss-Legendre
+    on the smooth integrand; a long one in closed form: with ``w = c s^-alpha``, integrating by parts,
+    ``[s e^-w]_lo^hi - c^(1/alpha) Gamma(1 - 1/alpha) (Q(1 - 1/alpha, w_hi) - Q(1 - 1/alpha, w_lo))``
+    (``Q`` the regularised upper incomplete gamma function), which cancels badly on short ones. Within 1e-10
+    relative of adaptive quadrature (``ppr_test.py``)."""
+    if hi - lo < lo / 20:
+        s = 0.5 * (hi + lo) + 0.5 * (hi - lo) * _NODES
+        return 0.5 * (hi - lo) * float(_WEIGHTS @ np.exp(-c * s**-alpha))
+    shape = 1.0 - 1.0 / alpha
+    w_lo, w_hi = c * lo**-alpha, c * hi**-alpha
+    gap = special.gammaincc(shape, w_hi) - special.gammaincc(shape, w_lo)
+    return hi * math.exp(-w_hi) - lo * math.exp(-w_lo) - c ** (1.0 / alpha) * special.gamma(shape) * gap
 
 
 class PPRCodec(Codec):
@@ -212,15 +246,24 @@ class PPRCodec(Codec):
         return SharedRotation(self.stream_key(key, "rotation"), dim)
 
     def first_labels(self, sigma: float, dim: int) -> int:
-        """Candidates every block scores in the first round (then the unfinished blocks double theirs): the power
-        of two in [8, 256] at or above the mean bound ``E r*`` at ``||u|| = clip`` (times ``alpha / (alpha - 1)``,
-        the longer search of a finite alpha). With a random rotation a block of ``u`` at the clip has
-        ``|x|^2 ~ (clip^2 / k) chi^2_b``, so ``E r* = ((1 + gamma) / (1 - 1 / spread))^(b/2)`` for spread > 1."""
+        """Candidates every block scores in full in the first round (no best yet to prune against)."""
+        return min(FIRST_MIN, self.search_chunk(sigma, dim))
+
+    def search_chunk(self, sigma: float, dim: int) -> int:
+        """Labels of the second round (then the unfinished blocks double theirs): the power of two in [1, 256] at
+        or above the mean bound ``E r*`` at ``||u|| = clip`` (times ``alpha / (alpha - 1)``, the longer search of a
+        finite alpha). With a random rotation a block of ``u`` at the clip has ``|x|^2 ~ (clip^2 / k) chi^2_b``, so
+        ``E r* = ((1 + gamma) / (1 - 1 / spread))^(b/2)`` for spread > 1."""
         gamma = self.proposal_variance(sigma, dim) / (sigma * sigma) - 1.0
         mean = ((1.0 + gamma) / (1.0 - 1.0 / self.spread)) ** (self.block_size / 2) if self.spread > 1 else math.inf
         if not math.isinf(self.alpha):
             mean *= self.alpha / (self.alpha - 1.0)
-        return FIRST_MAX if mean >= FIRST_MAX else max(FIRST_MIN, 1 << math.ceil(math.log2(max(mean, 1.0))))
+        return FIRST_MAX if mean >= FIRST_MAX else 1 << math.ceil(math.log2(max(mean, 1.0)))
+
+    def shared_cipher(self, key: int) -> CipherContext:
+        """The release's shared candidate cipher: AES-256-ECB under ``stream_key(key, "shared")``."""
+        raw = self.stream_key(key, "shared").to_bytes(KEY_BITS // 8, "little")
+        return Cipher(algorithms.AES(raw), modes.ECB()).encryptor()
 
     def shared_words(self, key: int, blocks: np.ndarray, labels: np.ndarray) -> np.ndarray:
         """The words of candidates ``labels`` (m, L) of blocks ``blocks`` (m,), shape (m, L, w): AES-256 under the
@@ -229,13 +272,20 @@ class PPRCodec(Codec):
         half = self.words_per_candidate // 2
         counters = np.empty((*labels.shape, half, 2), dtype="<u8")
         counters[..., 0] = np.asarray(blocks, dtype=np.uint64).reshape(-1, 1, 1)
-        index = labels.astype(np.uint64)
-        index -= np.uint64(1)
-        index *= np.uint64(half)
-        counters[..., 1] = index[..., None] + np.arange(half, dtype=np.uint64)
-        raw = self.stream_key(key, "shared").to_bytes(KEY_BITS // 8, "little")
-        out = Cipher(algorithms.AES(raw), modes.ECB()).encryptor().update(memoryview(counters).cast("B"))
-        return np.frombuffer(out, dtype="<u8").reshape(*labels.shape, self.words_per_candidate)
+        counters[..., 1] = ((labels.astype(np.uint64) - np.uint64(1)) * np.uint64(half))[..., None]
+        counters[..., 1] += np.arange(half, dtype=np.uint64)
+        return _ecb(self.shared_cipher(key), counters).reshape(*labels.shape, self.words_per_candidate)
+
+    def pair_words(
+        self, cipher: CipherContext, blocks: np.ndarray, labels: np.ndarray, pairs: np.ndarray
+    ) -> np.ndarray:
+        """Pair ``pairs`` (the words ``2 q, 2 q + 1``) of candidates ``labels`` of blocks ``blocks`` (all (a,)), shape
+        (a, 2): the same words as :meth:`shared_words` gives, one AES block each."""
+        counters = np.empty((labels.size, 2), dtype="<u8")
+        counters[:, 0] = blocks
+        np.multiply(labels - 1, self.words_per_candidate // 2, out=counters[:, 1], casting="unsafe")
+        counters[:, 1] += pairs.astype(np.uint64)
+        return _ecb(cipher, counters).reshape(-1, 2)
 
     # --- selection -------------------------------------------------------------------------------------------
     def log_scores(self, log_t: Array, log_r: Array, log_v: Array | None) -> Array:
@@ -253,6 +303,14 @@ class PPRCodec(Codec):
         if math.isinf(a):
             return (np.log(t_last) < best + log_rmax).astype(np.float64)
         return np.exp(best + a * log_rmax + (1.0 - a) * np.log(t_last)) / (a - 1.0)
+
+    def log_stop_time(self, best: np.ndarray, log_rmax: np.ndarray) -> np.ndarray:
+        """log of the arrival time at which :meth:`stop_mass` falls to ``STOP_MASS`` (alpha = inf: where it turns
+        0) for the given best scores: how far a block's search must still go unless its best improves."""
+        a = self.alpha
+        if math.isinf(a):
+            return best + log_rmax
+        return (best + a * log_rmax - math.log((a - 1.0) * STOP_MASS)) / (a - 1.0)
 
     # --- encode ----------------------------------------------------------------------------------------------
     def encode(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None = None) -> bytes:
@@ -275,8 +333,7 @@ class PPRCodec(Codec):
     def encode_blocks(self, u: np.ndarray, *, key: int, sigma: float, noise_key: int | None) -> np.ndarray:
         """The index K of every block (module docstring)."""
         target = _Target(self.blocks(u, key), sigma, self.ratio_variance(sigma, u.size))
-        n = target.x.shape[0]
-        first = self.first_labels(sigma, u.size)
+        n = target.log_rmax.size
         growth = 1.0 if math.isinf(self.alpha) else self.alpha / (self.alpha - 1.0)
         worst = float(target.log_rmax.max()) * growth
         if worst > math.log(MAX_LABELS / 8):
@@ -286,46 +343,113 @@ class PPRCodec(Codec):
                 f"{self.clip} the public proposal was built for); clip u to the codec's clip or raise the clip"
             )
         private = AesStream(self.stream_key(key if noise_key is None else check_key(noise_key), "private"))
-
-        def score(words: np.ndarray, rows: np.ndarray, t0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            # log scores and arrival times of the candidates ``words`` (m, L, w) of blocks ``rows``
-            m, labels = words.shape[:2]
-            e = torch.from_numpy(open_unit(private.words(2 * m * labels))).view(2, m, labels).log_().neg_()
-            t = torch.cumsum(e[0], dim=1).add_(torch.from_numpy(t0)[:, None])
-            log_v = None if math.isinf(self.alpha) else e[1].log_()
-            return self.log_scores(t.log(), target.log_ratio(words, rows), log_v).numpy(), t.numpy()
-
-        # tier 1: every block, labels 1..L1
-        blocks = np.arange(n)
-        s, t = score(self.shared_words(key, blocks, np.tile(np.arange(1, first + 1), (n, 1))), blocks, np.zeros(n))
-        best_label = np.argmin(s, axis=1) + 1
-        best = s[np.arange(n), best_label - 1]
-        t_last, done = t[:, -1].copy(), np.full(n, first)
-        active = np.flatnonzero(self.stop_mass(best, target.log_rmax, t_last) > STOP_MASS)
-        chunk = first
-        while active.size:  # the blocks not yet done, in doubling chunks
-            if chunk + int(done[active].max()) > MAX_LABELS:
+        state, cipher = _Search(n), self.shared_cipher(key)
+        active, size = np.arange(n), self.first_labels(sigma, u.size)
+        second = self.search_chunk(sigma, u.size)
+        while active.size:  # the blocks not yet done score their next ``size`` labels
+            if size + int(state.done[active].max()) > MAX_LABELS:
                 raise CodecError(
                     f"PPR search would exceed {MAX_LABELS} candidates in a block (||u|| far above the clip "
                     f"{self.clip} the proposal was built for?); clip u or raise the codec's clip"
                 )
-            labels = done[active][:, None] + np.arange(1, chunk + 1)
-            s, t = score(self.shared_words(key, active, labels), active, t_last[active])
-            arg = np.argmin(s, axis=1)
-            s_min = s[np.arange(active.size), arg]
-            better = s_min < best[active]
-            best[active[better]] = s_min[better]
-            best_label[active[better]] = done[active[better]] + arg[better] + 1
-            t_last[active], done[active] = t[:, -1], done[active] + chunk
-            active = active[self.stop_mass(best[active], target.log_rmax[active], t_last[active]) > STOP_MASS]
-            chunk *= 2
+            self.search_round(cipher, target, state, active, size, private)
+            active = active[
+                self.stop_mass(state.best[active], target.log_rmax[active], state.t_last[active]) > STOP_MASS
+            ]
+            if active.size:  # next: the labels half of them still need at their current best, at most doubling
+                need = np.exp(self.log_stop_time(state.best[active], target.log_rmax[active])) - state.t_last[active]
+                need = float(np.median(need))
+                need = 2 ** math.ceil(math.log2(max(need + 2.0 * math.sqrt(max(need, 0.0)) + 1.0, 1.0)))
+                size = min(need, max(second, 2 * size))
+        best, best_label, t_last, done = state.best, state.label, state.t_last, state.done
         if not math.isinf(self.alpha):  # the few points beyond each block's search that could still win
             mass = self.stop_mass(best, target.log_rmax, t_last)
             for j in np.flatnonzero(open_unit(private.words(n)) < -np.expm1(-mass)):
-                label, value = self.tail(target, int(j), best[j], t_last[j], int(done[j]), mass[j], private, key)
+                label, value = self.tail(target, int(j), best[j], t_last[j], int(done[j]), mass[j], private, cipher)
                 if value < best[j]:
                     best[j], best_label[j] = value, label
         return best_label
+
+    def search_round(
+        self, cipher: CipherContext, target: _Target, state: _Search, rows: np.ndarray, size: int, private: AesStream
+    ) -> None:
+        """Score the next ``size`` labels of blocks ``rows`` and update their state.
+
+        A candidate can beat its block's best ``s*`` only if ``log r > log T + (log V - s*) / alpha`` (``log T - s*``
+        for alpha = inf), i.e. ``beta |g - mu|^2 < budget``. Since ``r <= r*`` and ``T >= T_first`` (the chunk's
+        first arrival), that needs ``V < c_max = exp(s* + alpha (log r* - log T_first))`` (alpha = inf:
+        ``T < exp(s* + log r*)``): a comparison of the raw uniform against one bound per block, so the others cost
+        no logarithm; the rest are scored by :meth:`distances`, which forms their pairs only while they can win."""
+        m = rows.size
+        marks = 1 if math.isinf(self.alpha) else 2  # arrival gaps, and the marks V unless alpha = inf
+        u = open_unit(private.words(marks * m * size)).reshape(marks, m, size)
+        t = torch.cumsum(torch.from_numpy(u[0]).log().neg_(), dim=1)
+        t = t.add_(torch.from_numpy(state.t_last[rows])[:, None]).numpy()
+        best, log_rmax = state.best[rows], target.log_rmax[rows]
+        may = self.may_win(t, u[1] if marks == 2 else None, best, log_rmax)
+        row, col = may // size, may % size
+        log_t = torch.from_numpy(t.ravel()[may]).log_().numpy()
+        log_v = None if marks == 1 else torch.from_numpy(u[1].ravel()[may]).log_().neg_().log_().numpy()
+        budget = log_rmax[row] - log_t + (best[row] if log_v is None else (best[row] - log_v) / self.alpha)
+        dist = self.distances(cipher, target, rows[row], state.done[rows][row] + col + 1, budget)
+        scores = np.full(m * size, np.inf)
+        scores[may] = self.log_scores(log_t, log_rmax[row] - target.beta * dist, log_v)
+        s = scores.reshape(m, size)
+        arg = np.argmin(s, axis=1)
+        s_min = s[np.arange(m), arg]
+        better = s_min < best
+        state.best[rows[better]] = s_min[better]
+        state.label[rows[better]] = state.done[rows[better]] + arg[better] + 1
+        state.t_last[rows], state.done[rows] = t[:, -1], state.done[rows] + size
+
+    def may_win(self, t: np.ndarray, marks: np.ndarray | None, best: np.ndarray, log_rmax: np.ndarray) -> np.ndarray:
+        """Flat indices of the candidates (arrival times ``t`` (m, L), mark uniforms ``U`` with ``V = -ln U``) that
+        pass the per-block bound of :meth:`search_round`, loosened past any rounding so it never drops a winner."""
+        slack = 1.0 + 1e-9
+        if marks is None:
+            return np.flatnonzero(t < (slack * np.exp(best + log_rmax))[:, None])
+        c_max = slack * np.exp(best + self.alpha * (log_rmax - np.log(t[:, 0])))
+        return np.flatnonzero(marks > np.exp(-c_max)[:, None])  # V < c  <=>  U > exp(-c)
+
+    def distances(
+        self, cipher: CipherContext, target: _Target, blocks: np.ndarray, labels: np.ndarray, budget: np.ndarray
+    ) -> np.ndarray:
+        """``|g - mu|^2`` of candidates ``labels`` of ``blocks`` (all (a,)), or inf where ``beta |g - mu|^2 >=
+        budget`` is certain (such a candidate cannot win; an inf budget: the candidate in full).
+
+        Pruned pair by pair: a pair's words are one AES block, its term ``|g_p - mu_p|^2 >= 0``, and the pairs are
+        added in the block's order (largest ``|mu_p|`` first), so most candidates are dropped after one pair."""
+        limit = budget / target.beta
+        limit += 1e-9 * (np.abs(limit) + 1.0)  # past any rounding: never drops a winner
+        alive = np.flatnonzero(limit > 0)  # the candidates still able to win
+        block, label, limit = blocks[alive], labels[alive], limit[alive]
+        total = np.zeros(alive.size)
+        for p in range(target.mu_norm.shape[0]):
+            if not alive.size:
+                break
+            pair = target.order[p][block]
+            uniform = torch.from_numpy(open_unit(self.pair_words(cipher, block, label, pair)))
+            r2 = uniform[:, 0].log().mul_(-2.0)
+            angle = uniform[:, 1].mul(2.0 * math.pi)
+            m = torch.from_numpy(target.mu_norm[p][block])
+            if target.half_pair is not None and (half := pair == target.half_pair).any():
+                # an odd block's last pair uses its first normal only: (R cos A - mu)^2
+                term = (r2.sqrt() * angle.cos() - m).square_()
+                full = torch.from_numpy(~half)
+                angle, r2, mf = angle[full], r2[full], m[full]
+                phase = torch.from_numpy(target.mu_angle[p][block[~half]])
+                term[full] = r2 + mf * mf - 2.0 * mf * r2.sqrt() * (angle - phase).cos()
+            else:
+                # |g_p - mu_p|^2 = R^2 + |mu_p|^2 - 2 R |mu_p| cos(A - angle(mu_p))
+                angle -= torch.from_numpy(target.mu_angle[p][block])
+                term = angle.cos_().mul_(r2.sqrt()).mul_(-2.0 * m).add_(r2).add_(m * m)
+            total += term.numpy()
+            keep = total < limit
+            if not keep.all():
+                alive, block, label, limit, total = alive[keep], block[keep], label[keep], limit[keep], total[keep]
+        dist = np.full(labels.size, np.inf)
+        dist[alive] = total
+        return dist
 
     def tail(
         self,
@@ -336,7 +460,7 @@ class PPRCodec(Codec):
         done: int,
         mass: float,
         private: AesStream,
-        key: int,
+        cipher: CipherContext,
     ) -> tuple[int, float]:
         """(label, log score) of the best point of block ``j`` beyond ``t_last`` able to beat ``best`` (score inf if
         none), for a block whose envelope count ``~ Poisson(mass)`` the caller found non-zero.
@@ -348,7 +472,7 @@ class PPRCodec(Codec):
         a = self.alpha
         c = math.exp(best + a * target.log_rmax[j])
         p0 = math.exp(-mass)
-        count = max(1, int(stats.poisson.ppf(p0 + open_unit(private.words(1))[0] * (1.0 - p0), mass)))
+        count = max(1, poisson_ppf(p0 + open_unit(private.words(1))[0] * (1.0 - p0), mass))
         draw = open_unit(private.words(3 * count)).reshape(3, count)
         t = t_last * draw[0] ** (-1.0 / (a - 1.0))
         envelope = c * t**-a
@@ -358,14 +482,13 @@ class PPRCodec(Codec):
         v = -np.log1p(uv * np.expm1(-envelope))
         best_label, best_value, prev, label = 0, math.inf, t_last, done
         for ti, vi in zip(t, v):
-            able = integrate.quad(lambda s: -math.expm1(-c * s**-a), prev, ti, epsabs=0.0, epsrel=1e-10)[0]
-            others = (ti - prev) - able
-            label += 1 + (int(stats.poisson.ppf(open_unit(private.words(1))[0], others)) if others > 0 else 0)
+            others = unable_mass(prev, ti, c, a)
+            label += 1 + (poisson_ppf(open_unit(private.words(1))[0], others) if others > 0 else 0)
             prev = ti
             if label > MAX_LABELS:
                 raise CodecError(f"PPR search would exceed {MAX_LABELS} candidates in a block; clip u")
-            words = self.shared_words(key, np.array([j]), np.array([[label]]))
-            log_r = target.log_ratio(words, np.array([j]))[0, 0]
+            dist = self.distances(cipher, target, np.array([j]), np.array([label]), np.array([np.inf]))
+            log_r = target.log_rmax[j] - target.beta * dist[0]
             value = float(self.log_scores(math.log(ti), log_r, math.log(vi)))
             if value < best_value:
                 best_label, best_value = label, value
@@ -400,31 +523,33 @@ class PPRCodec(Codec):
 
 
 class _Target:
-    """The blocks ``x`` of one release with what the ratio ``log r(tau g)`` needs (module docstring)."""
+    """The blocks ``x`` of one release, in the form the search scores them: completing the square in
+    ``log r(tau g) = (b/2) log(tau^2/sigma^2) - |tau g - x|^2 / (2 sigma^2) + |g|^2 / 2`` gives
+    ``log r(tau g) = log r* - beta |g - mu|^2`` with ``beta = gamma / 2``, ``gamma = tau^2 / sigma^2 - 1`` and
+    ``mu = tau x / (sigma^2 gamma)``: the candidates able to win lie in a ball around ``mu``. ``mu`` is kept per
+    Box-Muller pair (norm and angle; an odd block's last, half pair as its signed first entry), pairs in order of
+    decreasing ``|mu_p|`` (``order``)."""
 
     def __init__(self, x: np.ndarray, sigma: float, tau2: float) -> None:
-        b = x.shape[1]
+        n, b = x.shape
         gamma = tau2 / (sigma * sigma) - 1.0
-        norm2 = np.einsum("ij,ij->i", x, x)
-        self.x = x
-        self.odd = b % 2 == 1
-        self.pairs = torch.from_numpy(np.pad(x, ((0, 0), (0, b % 2))).reshape(x.shape[0], 1, -1, 2))
-        self.log_rmax = 0.5 * b * math.log1p(gamma) + norm2 / (2.0 * (tau2 - sigma * sigma))
-        self.const = torch.from_numpy(0.5 * b * math.log1p(gamma) - norm2 / (2.0 * sigma * sigma))
-        self.coef, self.beta = math.sqrt(tau2) / (sigma * sigma), 0.5 * gamma
+        self.beta = 0.5 * gamma
+        self.log_rmax = 0.5 * b * math.log1p(gamma) + np.einsum("ij,ij->i", x, x) / (2.0 * (tau2 - sigma * sigma))
+        mu = np.pad(x * (math.sqrt(tau2) / (sigma * sigma * gamma)), ((0, 0), (0, b % 2))).reshape(n, -1, 2)
+        norm, angle = np.hypot(mu[..., 0], mu[..., 1]), np.arctan2(mu[..., 1], mu[..., 0])
+        self.half_pair = mu.shape[1] - 1 if b % 2 else None
+        if self.half_pair is not None:
+            norm[:, -1], angle[:, -1] = mu[:, -1, 0], 0.0
+        order = np.argsort(-np.abs(norm), axis=1, kind="stable")
+        # pair-major (pairs, n): row p holds every block's p-th pair (its index, |mu_p|, angle) contiguously
+        self.order = np.ascontiguousarray(order.T)
+        self.mu_norm = np.ascontiguousarray(np.take_along_axis(norm, order, axis=1).T)
+        self.mu_angle = np.ascontiguousarray(np.take_along_axis(angle, order, axis=1).T)
 
-    def log_ratio(self, words: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-        """log r(tau g) for the candidates drawn from ``words`` (m, L, 2 ceil(b/2)) of the blocks ``rows``:
-        ``(b/2) log(tau^2/sigma^2) - |x|^2 / (2 sigma^2) + (tau / sigma^2) <g, x> - (gamma / 2) |g|^2``, from the
-        Box-Muller pairs directly (``|g|^2`` is a sum of ``R^2``; no normal is formed)."""
-        r2, cos, sin = _pairs(words)
-        norm2 = _sum_last(r2)
-        if self.odd:  # the last pair's second normal (R sin A) is not used
-            norm2 -= r2[..., -1] * sin[..., -1] ** 2
-        index = torch.from_numpy(np.asarray(rows))
-        x = self.pairs[index]  # (m, 1, pairs, 2)
-        cos *= x[..., 0]
-        sin *= x[..., 1]
-        cos += sin
-        dot = _sum_last(cos.mul_(r2.sqrt_()))
-        return dot.mul_(self.coef).add_(self.const[index][:, None]).sub_(norm2.mul_(self.beta))
+
+class _Search:
+    """The state of every block's search: best log score and its label, last arrival time, labels scored."""
+
+    def __init__(self, n: int) -> None:
+        self.best, self.label = np.full(n, np.inf), np.zeros(n, dtype=np.int64)
+        self.t_last, self.done = np.zeros(n), np.zeros(n, dtype=np.int64)

@@ -15,13 +15,13 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import integrate, stats
 
 from fedtailor.codecs import CodecError, PPRCodec, get_codec, release_key
 from fedtailor.codecs._testing import BROKEN_PPR
 from fedtailor.codecs.battery import ppr_exactness_battery
 from fedtailor.codecs.lrsuq import KeyStream
-from fedtailor.codecs.ppr import SharedRotation, fwht
+from fedtailor.codecs.ppr import SharedRotation, fwht, poisson_ppf, unable_mass
 from fedtailor.privacy.noise import open_unit
 
 SIGMA = 0.01468
@@ -41,6 +41,28 @@ def test_battery_passes(options: dict) -> None:
     codec = PPRCodec(**options)
     result = ppr_exactness_battery(codec, dim=K - K % codec.block_size)
     assert result.passed, (result.holm_p, result.worst(), result.notes)
+
+
+class _Unpruned(PPRCodec):
+    """Every candidate scored in full (no bound, no budget): the plain argmin over all candidates the search reaches."""
+
+    def may_win(self, t, marks, best, log_rmax):
+        return np.arange(t.size)
+
+    def distances(self, cipher, target, blocks, labels, budget):
+        return super().distances(cipher, target, blocks, labels, np.full(budget.shape, np.inf))
+
+
+@pytest.mark.parametrize("options", [{"block_size": 8}, {"block_size": 5, "alpha": math.inf}], ids=["b8", "b5-argmin"])
+def test_pruning_never_drops_the_winner(options: dict) -> None:
+    """The search skips candidates a per-block bound rules out and forms a candidate's pairs only while it can still
+    beat its block's best (largest |mu_p| first); scoring every candidate in full instead picks the same index in
+    every block: the messages are equal bit for bit (a bound off by a factor, or a pair added twice, changes some
+    of the ~3,000 indices)."""
+    for seed in range(3):
+        u = unit_vector(K, seed) * (0.3 + 0.4 * seed)
+        pruned = PPRCodec(**options).encode(u, key=release_key(1, 0, seed), sigma=SIGMA)
+        assert _Unpruned(**options).encode(u, key=release_key(1, 0, seed), sigma=SIGMA) == pruned
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN_PPR))
@@ -232,3 +254,17 @@ def test_the_tail_is_exact_where_it_decides_most_blocks(monkeypatch: pytest.Monk
     monkeypatch.setattr(_EarlyStop, "tail", original)
     broken = release(_TailOffByOne(block_size=1, alpha=2.0, spread=spread))
     assert broken.var() - 1 > 6 * se, broken.var()
+
+
+def test_the_tails_poisson_quantile_and_mass_match_scipys_reference() -> None:
+    """The tail's label counts: ``poisson_ppf`` equals ``scipy.stats.poisson.ppf`` and ``unable_mass`` adaptive
+    quadrature (to 1e-10 relative) over the ranges a search meets, short intervals and long ones."""
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        q, mean = rng.random(), 10 ** rng.uniform(-4, 4)
+        assert poisson_ppf(q, mean) == int(stats.poisson.ppf(q, mean)), (q, mean)
+    for _ in range(400):
+        a, c, lo = 10 ** rng.uniform(0.1, 1.5), 10 ** rng.uniform(-3, 6), 10 ** rng.uniform(0, 5)
+        hi = lo * (1 + 10 ** rng.uniform(-8, 1))
+        ref = integrate.quad(lambda s, c=c, a=a: math.exp(-c * s**-a), lo, hi, epsabs=0, epsrel=1e-13, limit=200)[0]
+        assert unable_mass(lo, hi, c, a) == pytest.approx(ref, rel=1e-10, abs=1e-300), (lo, hi, c, a)
