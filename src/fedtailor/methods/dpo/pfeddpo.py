@@ -19,6 +19,13 @@ comparison (it gets a fifth of FedDPO's gradient work per round). One model live
 adapter is a few hundred thousand numbers, and replies are folded into a running mean as they arrive
 (``streaming``), so memory does not grow with the number of clients.
 
+Record-level DP (``[method.record_dp]``, pFedDPO and FedDPO): every local step is pair-level DP-SGD
+(:mod:`fedtailor.lm.dpsgd`: Poisson-sampled pairs, each pair's gradient clipped jointly over base and adapter,
+the client's own Gaussian noise) in place of the clipped AdamW step; the reply then carries the base and the
+public pair count only (no loss, no gradient norm), every release is counted in the run's privacy ledger per
+client, the budget guard refuses a schedule or a request that would pass the target, and the summary reports
+eps = max over clients against the server (secure randomness) or whoever lacks the seed (simulation).
+
 Optional diagnostics (``diagnostics_every = K``): every K rounds, each client also reports its base gradient at
 the received base on a fixed set of its pairs, with adapters disabled and enabled, and its adapter-gradient
 norm; the server forms ``kappa^2 = (1/N) sum_i ||g_bar - g_i||^2`` (with the adapted/non-adapted block split)
@@ -37,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -44,8 +52,13 @@ from fedtailor.config import Section
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.registry import register_method
+from fedtailor.lm.dpsgd import private_dpo_steps
 from fedtailor.lm.training import dpo_on, evaluate_pairs, reference_logprobs
-from fedtailor.rng import derive_seed, torch_generator
+from fedtailor.methods.pfl.local import RecordDPConfig
+from fedtailor.methods.pfl.private import participations, smallest_multiplier
+from fedtailor.privacy.dpsgd import sampling_rate
+from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
+from fedtailor.rng import derive_key, derive_seed, fresh_key, torch_generator
 
 
 class DPOConfig(Section):
@@ -69,6 +82,11 @@ class DPOConfig(Section):
         0, ge=0, description="kappa^2 diagnostics every K rounds (0: off; opt-in, clients then send base gradients)"
     )
     diagnostic_pairs: int = Field(4, ge=1, description="pairs per client for the diagnostic gradients")
+    record_dp: RecordDPConfig | None = Field(
+        None,
+        description="pair-level DP-SGD in every local step (pfeddpo and feddpo; docs/pfeddpo.md): clip each "
+        "pair's gradient over base and adapter jointly, add the client's own Gaussian noise, account per client",
+    )
     spill_sum: bool = Field(
         False,
         description="keep a round's running sum of the client bases in a temporary "
@@ -79,6 +97,7 @@ class DPOConfig(Section):
 
 Params = dict[str, torch.Tensor]
 DIAG = "diag/"
+DPO_MECHANISM = "dpo-dp-sgd"
 #: The token arrays of a client's pairs (:func:`fedtailor.lm.preference.tokenize_pairs`), pooled by centralized DPO.
 POOL_TOKENS = tuple(f"{side}_{k}" for side in ("chosen", "rejected") for k in ("ids", "attention", "response"))
 
@@ -88,6 +107,7 @@ class DPOServer:
     base: Params  # the shared base theta (every parameter that is not an adapter)
     round: int = 0
     pool: dict[str, torch.Tensor] | None = None  # centralized DPO only: the pooled pairs
+    ledger: PrivacyLedger | None = None  # record_dp: every release that reached the server
 
 
 @dataclass
@@ -134,6 +154,8 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         diagnostic_pairs: int = 4,
         spill_sum: bool = False,
         train_sizes: Mapping[int, int] | None = None,
+        record_dp: RecordDPConfig | None = None,
+        schedule: np.ndarray | None = None,
     ) -> None:
         from fedtailor.lm.model import add_lora
 
@@ -155,6 +177,43 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         self.device = next(self.model.parameters()).device
         # what the server knows of each client: its number of training pairs caps its aggregation weight
         self.train_sizes = None if train_sizes is None else {int(c): int(n) for c, n in train_sizes.items()}
+        self.dp = record_dp if record_dp is not None and math.isfinite(record_dp.epsilon) else None
+        self.noise_multiplier, self.planned = 0.0, {}
+        if self.dp is not None:
+            if self.train_sizes is None or schedule is None:
+                raise ValueError("record_dp needs every client's pair count and the schedule (the accounting plan).")
+            self.planned = participations(schedule, sorted(self.train_sizes))
+            self.noise_multiplier = self.dp.noise_multiplier or self._calibrate()
+
+    # ----- record-level DP: the plan, the terms of a release, the accounting ----------------------------------
+    def _rate(self, cid: int) -> float:
+        return sampling_rate(self.train_sizes[cid], self.batch_size)
+
+    def _calibrate(self) -> float:
+        """The smallest noise multiplier (to 0.1%) that keeps every client's planned steps within the target."""
+        totals = {(self._rate(c), self.local_steps * t) for c, t in self.planned.items()}
+
+        def worst(z: float) -> float:
+            return max(sampled_epsilon([(1.0, z, q, s)], delta=self.dp.delta) for q, s in totals)
+
+        return smallest_multiplier(worst, self.dp.epsilon)
+
+    def release_terms(self, cid: int) -> dict[str, Any]:
+        """A round's release of client ``cid``: ``local_steps`` Poisson-subsampled Gaussian steps."""
+        return {
+            "sensitivity": self.dp.clip,
+            "sigma": self.noise_multiplier * self.dp.clip,
+            "sampling_rate": self._rate(cid),
+            "steps": self.local_steps,
+        }
+
+    def _guard(self, ledger: PrivacyLedger) -> BudgetGuard:
+        return BudgetGuard(ledger, target_eps=self.dp.epsilon)
+
+    def _record(self, server: DPOServer, rnd: int, cid: int) -> None:
+        """Count the release of ``cid`` in round ``rnd`` once: it left the client, however it is judged after."""
+        if self.dp is not None and not server.ledger.recorded(client=cid, round=rnd, mechanism=DPO_MECHANISM):
+            self._guard(server.ledger).record(client=cid, round=rnd, mechanism=DPO_MECHANISM, **self.release_terms(cid))
 
     # ----- helpers ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -177,7 +236,17 @@ class PFedDPO(Method[DPOServer, DPOClient]):
 
     # ----- setup: the reference log-probabilities, once per pair --------------------------------------
     def init_server(self) -> DPOServer:
-        return DPOServer(base={n: self.params[n].detach().clone() for n in self.base_names})
+        ledger = None
+        if self.dp is not None:  # the whole schedule checked before anything is released
+            ledger = PrivacyLedger(delta=self.dp.delta, conversion=self.dp.conversion)
+            terms = {c: self.release_terms(c) for c in self.planned}
+            self._guard(ledger).check_plan(
+                {
+                    c: [(t["sensitivity"], t["sigma"], t["sampling_rate"], t["steps"])] * self.planned[c]
+                    for c, t in terms.items()
+                }
+            )
+        return DPOServer(base={n: self.params[n].detach().clone() for n in self.base_names}, ledger=ledger)
 
     def configure_setup(self, server: DPOServer, cid: int) -> Message:
         return Message(arrays=dict(server.base), config={"phase": "reference"})
@@ -195,6 +264,7 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             reply.only(config={"pairs"})
             reply.value("pairs", int)
             return
+        self._record(server, rnd, cid)
         names = self._names(reply)
         if names != set(self.base_names):
             extra = sorted(names - set(self.base_names))
@@ -203,16 +273,16 @@ class PFedDPO(Method[DPOServer, DPOClient]):
                 f"missing {len(set(self.base_names) - names)}."
             )
         diag = self._diag_shapes() if self._diagnose(rnd) else {}
-        reply.only(
-            arrays=set(self.base_names) | {DIAG + k for k in diag}, config={"num_examples", "loss", "base_grad_norm"}
-        )
+        fields = {"num_examples"} if self.dp is not None else {"num_examples", "loss", "base_grad_norm"}
+        reply.only(arrays=set(self.base_names) | {DIAG + k for k in diag}, config=fields)
         for n in self.base_names:
             reply.array(n, shape=tuple(server.base[n].shape), dtype=server.base[n].dtype)
         for k, shape in diag.items():  # asked for in this round: exactly these
             reply.array(DIAG + k, shape=shape, dtype=torch.float32)
         check_weight(reply, cid, self.train_sizes)
-        reply.value("loss", float)
-        reply.value("base_grad_norm", float)
+        if self.dp is None:
+            reply.value("loss", float)
+            reply.value("base_grad_norm", float)
 
     def _diag_shapes(self) -> dict[str, tuple[int, ...]]:
         """The diagnostic arrays a client sends in a diagnosed round, by name, with their shapes."""
@@ -221,6 +291,10 @@ class PFedDPO(Method[DPOServer, DPOClient]):
 
     # ----- a round --------------------------------------------------------------------------------------
     def configure_fit(self, server: DPOServer, rnd: int, cid: int) -> Message:
+        if self.dp is not None:  # refused here if over budget; recorded when the release arrives
+            self._guard(server.ledger).check_release(
+                client=cid, round=rnd, mechanism=DPO_MECHANISM, **self.release_terms(cid)
+            )
         return Message(arrays=dict(server.base), config={"round": rnd, "diagnose": self._diagnose(rnd)})
 
     def init_client(self, cid: int) -> DPOClient | None:
@@ -242,8 +316,29 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         diag = self._diagnostics(data, state) if msg.config.get("diagnose") else {}
         self.model.train()
         opt = self._optimizer(state)
-        order = self.batch_order(rnd, data.cid, len(state.ref_train))
-        loss, norm = self._steps(opt, data.train, state.ref_train, order, f"round {rnd}: client {data.cid}")
+        who = f"round {rnd}: client {data.cid}"
+        if self.dp is None:
+            order = self.batch_order(rnd, data.cid, len(state.ref_train))
+            loss, norm = self._steps(opt, data.train, state.ref_train, order, who)
+        else:  # pair-level DP-SGD; the key is the client's own secret in secure mode
+            simulation = self.dp.randomness == "simulation"
+            key = derive_key(self.seed, "dpo-dp-sgd", rnd, data.cid) if simulation else fresh_key()
+            trained = {n: self.params[n] for n in (*self.base_names, *self.adapter_names)}
+            loss = private_dpo_steps(
+                self.model,
+                trained,
+                opt,
+                data.train,
+                state.ref_train,
+                steps=self.local_steps,
+                batch_size=self.batch_size,
+                beta=self.beta,
+                clip=self.dp.clip,
+                noise_multiplier=self.noise_multiplier,
+                key=key,
+                precision=self.precision,
+                who=who,
+            )
         self.model.zero_grad(set_to_none=True)  # the gradients are spent: free them before the reply is folded
         new_state = DPOClient(
             adapter={n: self.params[n].detach().clone() for n in self.adapter_names},
@@ -253,10 +348,10 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         )
         arrays = {n: self.params[n].detach().clone() for n in self.base_names}
         arrays.update({DIAG + k: v for k, v in diag.items()})
-        reply = Message(
-            arrays=arrays, config={"num_examples": len(state.ref_train), "loss": loss, "base_grad_norm": norm}
-        )
-        return reply, new_state
+        config = {"num_examples": len(state.ref_train)}
+        if self.dp is None:  # training statistics are not DP outputs: sent only without record_dp
+            config.update(loss=loss, base_grad_norm=norm)
+        return Message(arrays=arrays, config=config), new_state
 
     def _steps(
         self, opt: torch.optim.Optimizer, tokens: dict, ref: torch.Tensor, order: torch.Tensor, who: str
@@ -322,8 +417,9 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             _write_sum(acc.spill, acc.total)
             acc.total = {}
         acc.weight += w
-        acc.loss += w * float(reply.config["loss"])
-        acc.grad_norm += w * float(reply.config["base_grad_norm"])
+        if self.dp is None:
+            acc.loss += w * float(reply.config["loss"])
+            acc.grad_norm += w * float(reply.config["base_grad_norm"])
         if DIAG + "grad_off" in reply.arrays:
             _fold_diag(acc.diag, reply, self._adapted_mask(server))
         return acc
@@ -344,9 +440,11 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             shutil.rmtree(acc.spill.parent, ignore_errors=True)
             self.close()
         base = {n: t / acc.weight for n, t in acc.total.items()}
-        metrics = {"loss": acc.loss / acc.weight, "base_grad_norm": acc.grad_norm / acc.weight}
+        metrics = (
+            {} if self.dp is not None else {"loss": acc.loss / acc.weight, "base_grad_norm": acc.grad_norm / acc.weight}
+        )
         metrics.update(_kappa(acc.diag))
-        return DPOServer(base=base, round=rnd, pool=server.pool), metrics
+        return DPOServer(base=base, round=rnd, pool=server.pool, ledger=server.ledger), metrics
 
     def _spill_file(self, owner: _Fold) -> Path:
         """The file of a round's spilled sum, in a fresh temporary folder that is removed on every exit: when
@@ -381,17 +479,49 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         return out
 
     def deployment_risks(self) -> dict[str, str]:
+        risks = {}
         if self.diagnostics_every:
-            return {"diagnostics": "method.diagnostics_every > 0: clients send base gradients on their own pairs"}
-        return {}
+            risks["diagnostics"] = "method.diagnostics_every > 0: clients send base gradients on their own pairs"
+        if self.dp is not None and self.dp.randomness == "simulation":
+            risks["simulation-randomness"] = "DP randomness is 'simulation': every noise draw follows from the seed"
+        return risks
+
+    def artifacts(self, server: DPOServer) -> dict[str, str]:
+        return {"privacy_ledger.json": server.ledger.to_json()} if server.ledger is not None else {}
 
     def summary(self, server: DPOServer) -> dict[str, Any]:
-        return {
+        out = {
             "adapters": "private LoRA, never uploaded" if self.personal else "none",
             "adapter_parameters_per_client": sum(self.params[n].numel() for n in self.adapter_names),
             "base_parameters": sum(t.numel() for t in server.base.values()),
             "diagnostics_sent": bool(self.diagnostics_every),
         }
+        if self.dp is not None:
+            eps = server.ledger.epsilons()
+            void = (
+                ["diagnostics on: clients send base gradients outside the DP steps"] if self.diagnostics_every else []
+            )
+            simulation = self.dp.randomness == "simulation"
+            out.update(
+                {
+                    "dp": "record-level (pair-level DP-SGD, base and adapter clipped jointly)",
+                    "noise_multiplier": self.noise_multiplier,
+                    "clip": self.dp.clip,
+                    "epsilon_target": self.dp.epsilon,
+                    "epsilon_max": max(eps.values()) if eps else 0.0,
+                    "epsilon_conversion": self.dp.conversion,
+                    "delta": self.dp.delta,
+                    "epsilon_per_client": {str(c): e for c, e in sorted(eps.items())},
+                    "randomness": self.dp.randomness,
+                    "epsilon_holds_against": "whoever does not know the config's seed"
+                    if simulation
+                    else "the server (state, checkpoints, logs) and every output: each client's noise from its own key",
+                    "epsilon_void": bool(void),
+                    "epsilon_void_reasons": void,
+                    "releases": len(server.ledger.releases),
+                }
+            )
+        return out
 
 
 class CentralizedDPO(PFedDPO):
@@ -564,8 +694,13 @@ def build_dpo_method(setup: Any) -> PFedDPO | CentralizedDPO:
         "train_sizes": {cid: len(d.train["chosen_ids"]) for cid, d in setup.clients.items()},
     }
     if m.name == "dpo-central":
+        if m.record_dp is not None:
+            raise ValueError(
+                "method.record_dp with dpo-central: the clients hand their pairs to the server, so there is no client "
+                "release to protect; use pfeddpo or feddpo."
+            )
         return CentralizedDPO(pair_length=setup.cfg.data.max_length, **kw)
-    return PFedDPO(personal=m.name == "pfeddpo", **kw)
+    return PFedDPO(personal=m.name == "pfeddpo", record_dp=m.record_dp, schedule=setup.schedule, **kw)
 
 
 for _name in ("pfeddpo", "feddpo", "dpo-central"):

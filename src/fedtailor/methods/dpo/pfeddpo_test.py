@@ -13,6 +13,7 @@ from fedtailor.fl.loop import run_federated, start
 from fedtailor.fl.records import ClientData, InvalidMessage, Message
 from fedtailor.lm.model import tiny_llama
 from fedtailor.lm.preference import PreferencePair, tokenize_pairs
+from fedtailor.lm.training import dpo_on
 from fedtailor.methods.dpo.pfeddpo import CentralizedDPO, PFedDPO
 
 
@@ -203,3 +204,113 @@ def test_a_round_cut_short_between_folds_leaves_no_spill_folder(tmp_path, monkey
         runner.run_experiment(cfg, tmp_path / "run", progress=False)
     assert [p.name for p in spilled] == ["sum.safetensors"]
     assert not list(temp.iterdir())  # the folder of the spilled sum is removed, not left for the OS
+
+
+# --- record-level DP: pair-level DP-SGD ------------------------------------------------------------------------
+def _private(personal: bool = True, schedule: np.ndarray | None = None, **dp) -> PFedDPO:
+    from fedtailor.methods.pfl.local import RecordDPConfig
+
+    cfg = RecordDPConfig(**{"epsilon": 8.0, "clip": 0.5, "randomness": "simulation", **dp})
+    schedule = np.tile(np.arange(3), (3, 1)) if schedule is None else schedule
+    return _method(personal, train_sizes=dict.fromkeys(range(3), 8), record_dp=cfg, schedule=schedule)
+
+
+def test_one_pair_moves_the_clipped_sum_by_at_most_the_clip_over_base_and_adapter_together():
+    """The sensitivity of a DP-SGD step of pFedDPO: removing one pair from a batch moves the pre-noise sum (every
+    trained tensor, the private adapter included) by at most C; with a clip above every gradient the sum is the
+    plain sum of the pairs' gradients (nothing is clipped by mistake)."""
+    from fedtailor.lm.dpsgd import clipped_pair_sum
+
+    method, clients = _private(), _clients()
+    state = start(method, clients)
+    data, ref = clients[0], state.clients[0].ref_train
+    method._load(state.server.base, None)
+    trained = {n: method.params[n] for n in (*method.base_names, *method.adapter_names)}
+    idx = torch.arange(6)
+    for clip in (0.05, 0.5):
+        full, _ = clipped_pair_sum(method.model, trained, data.train, ref, idx, beta=0.5, clip=clip)
+        for drop in range(6):
+            part, _ = clipped_pair_sum(method.model, trained, data.train, ref, idx[idx != drop], beta=0.5, clip=clip)
+            moved = torch.sqrt(sum(((full[n] - part[n]).double() ** 2).sum() for n in trained))
+            assert moved <= clip * (1 + 1e-6)
+        assert any(float(full[n].abs().sum()) > 0 for n in method.adapter_names)  # the adapter is in the clip
+    single, _ = clipped_pair_sum(method.model, trained, data.train, ref, idx[:1], beta=0.5, clip=1e9)
+    method.model.zero_grad(set_to_none=True)
+    dpo_on(method.model, data.train, ref, idx[:1], beta=0.5).loss.backward()
+    for n in trained:
+        torch.testing.assert_close(single[n], method.params[n].grad, rtol=1e-6, atol=1e-9)
+
+
+def test_a_private_run_sends_the_base_alone_and_reports_the_eps_of_dp_accounting():
+    """pFedDPO under record_dp: each reply carries the base and the public pair count only; the ledger holds one
+    release per participation; every client's eps equals dp-accounting's RDP composition of its Poisson-subsampled
+    Gaussian steps, and the calibrated noise keeps the worst within the target."""
+    import dp_accounting
+
+    from fedtailor.privacy.ledger import PrivacyBudgetExceeded
+
+    method, clients = _private(), _clients()
+    result = run_federated(method, clients, np.tile(np.arange(3), (3, 1)), progress=False)
+    summary = method.summary(result.state.server)
+    assert len(result.state.server.ledger.releases) == 9 and result.history[-1]["rejected"] == 0
+    assert "loss" not in result.history[-1]  # no client sent a training statistic
+    z, q, steps = method.noise_multiplier, 4 / 8, method.local_steps * 3
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps
+    )
+    orders = [2 + k / 8 for k in range(8 * 62)] + list(range(64, 513))  # finer than the ledger's
+    rdp = dp_accounting.rdp.RdpAccountant(orders).compose(event).get_epsilon(1e-5)
+    pld = dp_accounting.pld.PLDAccountant().compose(event).get_epsilon(1e-5)
+    for eps in summary["epsilon_per_client"].values():
+        assert rdp <= eps <= 1.01 * rdp  # the ledger's coarser orders: never below, within 1%
+        assert pld <= eps < 1.5 * pld  # RDP is an upper bound, PLD near-tight
+    assert 7.9 < summary["epsilon_max"] <= 8.0 + 1e-9 and not summary["epsilon_void"]
+    with pytest.raises(PrivacyBudgetExceeded, match="client 0 would reach"):  # a fourth release would pass eps
+        method.configure_fit(result.state.server, 4, 0)
+    fresh = start(method, clients)
+    reply, _ = method.client_fit(method.configure_fit(fresh.server, 1, 0), fresh.clients[0], clients[0])
+    assert set(reply.config) == {"num_examples"} and set(reply.arrays) == set(method.base_names)
+
+
+def test_private_noise_is_the_clients_own_in_secure_mode_and_reproducible_in_simulation():
+    """Secure mode: the same client fit twice from the same state sends different bases (the noise and the pair
+    sampling come from a fresh key of its OS entropy, nothing the server holds); simulation: bit for bit equal."""
+    clients = _clients()
+    for randomness, equal in (("simulation", True), ("secure", False)):
+        method = _private(randomness=randomness)
+        state = start(method, clients)
+        msg = method.configure_fit(state.server, 1, 0)
+        a, _ = method.client_fit(msg, state.clients[0], clients[0])
+        b, _ = method.client_fit(msg, state.clients[0], clients[0])
+        same = all(torch.equal(a.arrays[n], b.arrays[n]) for n in method.base_names)
+        assert same is equal, randomness
+
+
+def test_private_dpo_at_eps_inf_is_the_plain_method_bit_for_bit():
+    plain, private = _method(), _private(epsilon=float("inf"))
+    schedule = np.tile(np.arange(3), (2, 1))
+    a = run_federated(plain, _clients(), schedule, progress=False)
+    b = run_federated(private, _clients(), schedule, progress=False)
+    for n in plain.base_names:
+        assert torch.equal(a.state.server.base[n], b.state.server.base[n])
+    assert b.state.server.ledger is None
+
+
+def test_a_private_schedule_over_budget_is_refused_before_anything_is_released():
+    from fedtailor.privacy.ledger import PrivacyBudgetExceeded
+
+    method = _private(epsilon=1.0, noise_multiplier=0.3, schedule=np.tile(np.arange(3), (20, 1)))
+    with pytest.raises(PrivacyBudgetExceeded, match="client"):
+        method.init_server()
+
+
+def test_centralized_dpo_refuses_record_dp_with_one_line():
+    from types import SimpleNamespace
+
+    from fedtailor.config import load_config
+    from fedtailor.methods.dpo.pfeddpo import build_dpo_method
+
+    cfg = load_config(None, ['method.name="dpo-central"', "method.record_dp.epsilon=8"])
+    setup = SimpleNamespace(cfg=cfg, model=tiny_llama(seed=3), clients=_clients(), schedule=np.zeros((1, 3), int))
+    with pytest.raises(ValueError, match="no client release to protect"):
+        build_dpo_method(setup)

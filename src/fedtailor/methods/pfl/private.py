@@ -244,7 +244,7 @@ class ClientDP(_PrivateRelease):
         super().__init__(base, cfg)
         self.cfg, self.seed = cfg, seed
         self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
-        self.planned = _participations(schedule, clients)
+        self.planned = participations(schedule, clients)
         self.t_max = max(self.planned.values(), default=0)
         self.codec = (
             get_codec("lrsuq", coder="ans", block_size=4, lattice="Z")
@@ -399,7 +399,7 @@ class RecordDP(_PrivateRelease):
         self.dim = sum(t.numel() for t in base.theta0.values())  # every parameter a step can move
         if self.noisy:  # one client at a time, in this process (its PrivateSGD runs)
             base.vectorize, base.pool = False, None
-        self.planned = _participations(schedule, sorted(sizes))
+        self.planned = participations(schedule, sorted(sizes))
         self.steps = {c: base.fit_epochs() * steps_per_epoch(n, base.batch_size) for c, n in sizes.items()}
         self.rates = {c: sampling_rate(n, base.batch_size) for c, n in sizes.items()}
         self.noise_multiplier = 0.0
@@ -418,7 +418,7 @@ class RecordDP(_PrivateRelease):
         def worst(z: float) -> float:
             return max(sampled_epsilon([(1.0, z, q, s)], delta=self.delta) for q, s in totals)
 
-        return _smallest_multiplier(worst, self.epsilon)
+        return smallest_multiplier(worst, self.epsilon)
 
     def plan(self) -> dict[int, int]:
         return self.planned
@@ -519,7 +519,7 @@ class ServerDP(_PrivateRelease):
             ledger = PrivacyLedger(delta=self.delta, conversion=self.conversion)
             return ledger.epsilon_with(0, [(1.0, z, q, self.rounds, self.population if q < 1 else 0)])
 
-        return _smallest_multiplier(eps, self.epsilon)
+        return smallest_multiplier(eps, self.epsilon)
 
     def plan(self) -> dict[int, int]:
         return dict.fromkeys(self.clients, self.rounds)
@@ -593,7 +593,7 @@ class ServerDP(_PrivateRelease):
         return self._summary(server, "client-level, a trusted server's noise on the aggregate", extra)
 
 
-def _smallest_multiplier(eps: Callable[[float], float], target: float) -> float:
+def smallest_multiplier(eps: Callable[[float], float], target: float) -> float:
     """The smallest noise multiplier ``z`` (to 0.1%) with ``eps(z) <= target`` (``eps`` decreasing in ``z``):
     bracketed from 1 by factors of 4, then bisected on ``log z``."""
     lo, hi = 0.05, 1.0
@@ -618,7 +618,7 @@ def _shift(start: dict[str, torch.Tensor], flat: torch.Tensor) -> dict[str, torc
     return {n: (t.double() + moved[n].to(t.device)).to(t.dtype) for n, t in start.items()}
 
 
-def _participations(schedule: np.ndarray, clients: list[int]) -> dict[int, int]:
+def participations(schedule: np.ndarray, clients: list[int]) -> dict[int, int]:
     """Each client's number of rounds in the schedule (those with at least one)."""
     counts = participation_counts(schedule, max(clients) + 1) if len(schedule) else np.zeros(1, dtype=int)
     return {c: int(counts[c]) for c in clients if c < len(counts) and counts[c]}
