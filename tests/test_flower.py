@@ -416,6 +416,29 @@ def test_pfeddpo_through_the_flower_records_keeps_adapters_on_the_nodes():
     assert not [n for n in server.base if "lora_" in n]
 
 
+def test_private_pfeddpo_through_the_flower_records_ends_with_the_in_process_eps_and_bases():
+    """pFedDPO under record_dp (simulation randomness) through the Flower records: the server's ledger holds one
+    release per participation, its eps per client equal the in-process run's, and the bases are bit for bit the
+    same; every reply carried the base and the pair count only."""
+    pytest.importorskip("peft")
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fedtailor.fl.loop import run_federated
+    from fedtailor.methods.dpo.pfeddpo_test import _clients, _private
+
+    schedule = np.tile(np.arange(3), (2, 1))
+    setup = SimpleNamespace(clients=_clients(), schedule=schedule)
+    method = _private(schedule=schedule)
+    server, history, _ = _through_records(method, setup)
+    local = run_federated(_private(schedule=schedule), _clients(), schedule, progress=False)
+    assert all(not h["lost"] and h["rejected"] == 0 for h in history)
+    assert len(server.ledger.releases) == 6
+    assert server.ledger.epsilons() == local.state.server.ledger.epsilons()
+    assert all(torch.equal(server.base[n], local.state.server.base[n]) for n in method.base_names)
+
+
 def test_secure_mode_through_the_adapter_draws_fresh_noise_on_every_node():
     """Compact adaptation in secure mode (the default outside simulation) through the Flower path: two runs of the
     same config end in different generators (each node draws its noise and codec secret from OS entropy, kept
