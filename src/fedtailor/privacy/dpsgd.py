@@ -33,12 +33,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedtailor.privacy.mechanisms import unflatten_like
 from fedtailor.privacy.noise import open_unit, secure_gaussian_noise, secure_stream_words
 from fedtailor.rng import derive_key, fresh_key
 
 Params = dict[str, torch.Tensor]
 LossFn = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
 DrawFn = Callable[[int, int], torch.Tensor]  # (step, size) -> float64 draws of that size
+#: (step, names, flat clipped sum in float64) -> the sum plus N(0, (zeta C)^2 I), float64, in the same layout
+ReleaseFn = Callable[[int, list[str], torch.Tensor], torch.Tensor]
 
 
 def steps_per_epoch(records: int, batch_size: int) -> int:
@@ -148,6 +151,7 @@ def dp_sgd(
     momentum: float = 0.0,
     project: Callable[[Params], Params] | None = None,
     model: nn.Module | None = None,
+    release: ReleaseFn | None = None,
 ) -> tuple[Params, float, int]:
     """``epochs`` passes of DP-SGD (module docstring) on ``loss_fn(params, aux, x_batch, y_batch)`` (a mean over
     the batch) over the names in ``trainable``; step ``s`` samples with ``uniforms(s, N)`` and adds
@@ -185,12 +189,17 @@ def dp_sgd(
             count += len(chosen)
         else:
             sums = {n: torch.zeros_like(theta[n]) for n in names}
-        z = noise(step, sum(sizes)).to(device=x.device)
-        start, noisy = 0, {}
-        for n, size in zip(names, sizes):
-            part = z[start : start + size].reshape(theta[n].shape)
-            noisy[n] = (sums[n].double() + noise_multiplier * clip * part).to(theta[n].dtype) / (q * len(x))
-            start += size
+        if release is None:
+            z = noise(step, sum(sizes)).to(device=x.device)
+            noisy_sum = {n: sums[n].double() for n in names}
+            start = 0
+            for n, size in zip(names, sizes):
+                noisy_sum[n] += noise_multiplier * clip * z[start : start + size].reshape(theta[n].shape)
+                start += size
+        else:  # the caller realises the Gaussian mechanism (a codec): the whole clipped sum in, its release out
+            flat = release(step, names, torch.cat([sums[n].double().reshape(-1) for n in names]))
+            noisy_sum = unflatten_like(flat.to(x.device), {n: theta[n] for n in names})
+        noisy = {n: noisy_sum[n].to(theta[n].dtype) / (q * len(x)) for n in names}
         with torch.no_grad():
             for n in names:
                 g = noisy[n]
@@ -219,6 +228,8 @@ class PrivateSGD:
     fitting: tuple[int, int] | None = None
     calls: int = 0
     steps: int = 0
+    #: a codec's realisation of each step's Gaussian mechanism (:func:`dp_sgd`'s ``release``), set per fit
+    release: ReleaseFn | None = None
 
     def start(self, rnd: int, cid: int) -> None:
         self.fitting, self.calls, self.steps = (rnd, cid), 0, 0
@@ -249,6 +260,7 @@ class PrivateSGD:
             noise_multiplier=self.noise_multiplier,
             uniforms=uniforms,
             noise=noise,
+            release=self.release,
             **sgd,
         )
         self.steps += steps

@@ -55,9 +55,9 @@ from fedtailor.fl.registry import register_method
 from fedtailor.lm.dpsgd import private_dpo_steps
 from fedtailor.lm.training import dpo_on, evaluate_pairs, reference_logprobs
 from fedtailor.methods.pfl.local import RecordDPConfig
-from fedtailor.methods.pfl.private import participations, smallest_multiplier
+from fedtailor.methods.pfl.private import calibrate_steps, participations
 from fedtailor.privacy.dpsgd import sampling_rate
-from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
+from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
 from fedtailor.rng import derive_key, derive_seed, fresh_key, torch_generator
 
 
@@ -191,12 +191,8 @@ class PFedDPO(Method[DPOServer, DPOClient]):
 
     def _calibrate(self) -> float:
         """The smallest noise multiplier (to 0.1%) that keeps every client's planned steps within the target."""
-        totals = {(self._rate(c), self.local_steps * t) for c, t in self.planned.items()}
-
-        def worst(z: float) -> float:
-            return max(sampled_epsilon([(1.0, z, q, s)], delta=self.dp.delta) for q, s in totals)
-
-        return smallest_multiplier(worst, self.dp.epsilon)
+        plans = {(self._rate(c), self.local_steps, t) for c, t in self.planned.items()}
+        return calibrate_steps(plans, target=self.dp.epsilon, delta=self.dp.delta, conversion=self.dp.conversion)
 
     def release_terms(self, cid: int) -> dict[str, Any]:
         """A round's release of client ``cid``: ``local_steps`` Poisson-subsampled Gaussian steps."""

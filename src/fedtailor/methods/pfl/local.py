@@ -145,6 +145,20 @@ class RecordDPConfig(DPConfig):
     noise_multiplier: float | None = Field(
         None, gt=0, description="zeta, fixed noise std / C instead of calibrating it; a plan above epsilon is refused"
     )
+    codec: Literal["fp32", "lrsuq", "ppr"] = Field(
+        "fp32",
+        description="DP-FedSGD's uplink when a round is one DP-SGD step (local_epochs = 1, batch_size >= every "
+        "client's records): the step's clipped gradient sum sent by LRSUQ or PPR, which realise its Gaussian noise "
+        "exactly in a padded message, instead of the new parameters in float32 (docs/privacy.md)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RecordDPConfig:
+        if self.codec != "fp32" and not math.isfinite(self.epsilon):
+            raise ValueError(
+                f"record_dp.codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
+            )
+        return self
 
 
 class LocalSGDConfig(Section):

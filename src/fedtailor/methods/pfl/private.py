@@ -59,8 +59,8 @@ from fedtailor.methods.pfl.local import (
     SharedState,
 )
 from fedtailor.privacy.calibrate import calibrate_sigma
-from fedtailor.privacy.dpsgd import PrivateSGD, sampling_rate, steps_per_epoch
-from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger, sampled_epsilon
+from fedtailor.privacy.dpsgd import PrivateSGD, ReleaseFn, sampling_rate, steps_per_epoch
+from fedtailor.privacy.ledger import BudgetGuard, PrivacyLedger
 from fedtailor.privacy.mechanisms import release_norm_bound, unflatten_like
 from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import derive_key, fresh_key
@@ -84,13 +84,19 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
 
     mechanism: str
     sigma: float
+    codec_label: str = ""  # the key derivation label of this wrapper's codec releases (simulation)
 
-    def __init__(self, base: LocalTraining, cfg: DPConfig) -> None:
+    def __init__(self, base: LocalTraining, cfg: DPConfig, *, seed: int = 0, codec: str = "fp32") -> None:
         if base.update_bound is not None:
             raise ValueError("method.update_bound with DP: the DP clip already bounds every update; drop update_bound.")
-        self.base, self.name = base, base.name
+        self.base, self.name, self.seed = base, base.name, seed
         self.epsilon, self.delta, self.conversion = cfg.epsilon, cfg.delta, cfg.conversion
         self.simulation = cfg.randomness == "simulation"
+        self.clip = cfg.clip
+        # LRSUQ or PPR realise a release u + N(0, sigma^2 I) with ||u|| <= C exactly (PPR's proposal is built for C)
+        self.codec = get_codec("lrsuq", coder="ans", block_size=4, lattice="Z") if codec == "lrsuq" else None
+        self.codec = get_codec("ppr", clip=cfg.clip) if codec == "ppr" else self.codec
+        self._pad: dict[tuple[int, float], int] = {}
 
     # the parameter-sharing API a wrapper such as FedLAG reads (WRAPPER_API), the base's own
     def __getattr__(self, name: str) -> Any:
@@ -116,6 +122,58 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
     @abstractmethod
     def release_bound(self, cid: int, dim: int) -> float:
         """The norm an honest release of ``dim`` shared values stays within, but with probability ~1e-12."""
+
+    # ----- the codec uplink (LRSUQ / PPR) --------------------------------------------------------------------
+    def pad_bytes(self, dim: int, sigma: float) -> int:
+        """The fixed LRSUQ/PPR message size for ``dim`` values at ``sigma``, from public probes only (the same on
+        both sides: the seed, sigma, C and ``dim``); measured once per ``(dim, sigma)``."""
+        if (dim, sigma) not in self._pad:
+            profile = public_codec_profile(self.codec, k=dim, sigma=sigma, clip=self.clip, seed=self.seed)
+            self._pad[dim, sigma] = int(profile["pad_bytes"])
+        return self._pad[dim, sigma]
+
+    def _encode(self, u: np.ndarray, cid: int, rnd: int, sigma: float) -> tuple[Message, bytes]:
+        """The LRSUQ/PPR release of ``u`` (``||u|| <= C``) at ``sigma``, padded to the fixed size (an abstention of
+        that size if it would not fit), and the unpadded message; in secure mode with its fresh key for the decoder
+        (and, for PPR, the search's private randomness from another fresh key that never leaves the client)."""
+        key = derive_key(self.seed, self.codec_label, rnd, cid) if self.simulation else fresh_key()
+        noise_key = None if self.simulation else fresh_key()
+        message = self.codec.encode(u, key=key, sigma=sigma, noise_key=noise_key)
+        size = self.pad_bytes(len(u), sigma)
+        config: dict[str, Any] = {"payload": pad(message, size=size) if fits(message, size=size) else abstention(size)}
+        if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
+            config["codec_key"] = key.to_bytes(32, "little")
+        return Message(config=config), message
+
+    def _decode(self, server: PrivateState, rnd: int, cid: int, reply: Message, dim: int, sigma: float) -> np.ndarray:
+        """The release in a codec reply (only the padded payload, and in secure mode the release key, as fields;
+        a fixed-size abstention is :class:`~fedtailor.fl.records.Abstained`), counted in the ledger first."""
+        self.record_arrival(server, rnd, cid)
+        reply.only(config={"payload"} if self.simulation else {"payload", "codec_key"})
+        if self.simulation:
+            key = derive_key(self.seed, self.codec_label, rnd, cid)
+        else:
+            raw = reply.value("codec_key", bytes)
+            if len(raw) != 32:
+                raise InvalidMessage(f"release key of client {cid} has {len(raw)} bytes, expected 32.")
+            key = int.from_bytes(raw, "little")
+        payload = unpad(reply.value("payload", bytes), size=self.pad_bytes(dim, sigma))
+        if not payload:
+            raise Abstained(f"client {cid} abstained in round {rnd} (its release did not fit the fixed size).")
+        try:
+            g = self.codec.decode(payload, key=key, sigma=sigma, dim=dim)
+        except CodecError as err:
+            raise InvalidMessage(f"undecodable release: {err}") from err
+        if not np.all(np.isfinite(g)):
+            raise InvalidMessage("decoded release contains non-finite values.")
+        return g
+
+    def codec_bits(self) -> dict[str, float]:
+        """Bits per coefficient of the padded messages (what is sent), by dimension, averaged over sigmas."""
+        by_dim: dict[int, list[float]] = {}
+        for (d, _), b in self._pad.items():
+            by_dim.setdefault(d, []).append(8.0 * b / d)
+        return {f"bits_per_coefficient_d{d}": float(np.mean(v)) for d, v in sorted(by_dim.items())}
 
     # ----- server side ----------------------------------------------------------------------------------
     def init_server(self) -> PrivateState:
@@ -211,6 +269,11 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
         """Whom the reported eps covers (docs/privacy.md)."""
         if self.simulation:
             return "whoever does not know the config's seed"
+        if self.codec is not None:
+            return (
+                "every output and observer without the clients' release keys; not the decoder (the server), whose "
+                f"keys give {self.codec.name}'s shared randomness (docs/privacy.md, 'What a key holder learns')"
+            )
         return "the server (state, checkpoints, logs) and every output: each client's noise from its own key"
 
     def _summary(self, server: PrivateState, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -237,23 +300,16 @@ class ClientDP(_PrivateRelease):
     """``[method.client_dp]`` around ``base``: clipped shared updates with each client's own Gaussian noise."""
 
     mechanism = MECHANISM
+    codec_label = "client-dp-codec"
 
     def __init__(
         self, base: LocalTraining, *, cfg: ClientDPConfig, schedule: np.ndarray, seed: int, clients: list[int]
     ) -> None:
-        super().__init__(base, cfg)
-        self.cfg, self.seed = cfg, seed
+        super().__init__(base, cfg, seed=seed, codec=cfg.codec)
+        self.cfg = cfg
         self.sensitivity = 2.0 * cfg.clip  # replace adjacency: two updates in the ball of radius C
         self.planned = participations(schedule, clients)
         self.t_max = max(self.planned.values(), default=0)
-        self.codec = (
-            get_codec("lrsuq", coder="ans", block_size=4, lattice="Z")
-            if cfg.codec == "lrsuq"
-            else get_codec("ppr", clip=cfg.clip)  # the proposal is built for the clipped update's ||u|| <= C
-            if cfg.codec == "ppr"
-            else None
-        )
-        self._pad: dict[int, int] = {}
         self.sigma = 0.0
         if self.noisy:
             self.sigma = cfg.sigma or calibrate_sigma(
@@ -274,14 +330,6 @@ class ClientDP(_PrivateRelease):
     def release_bound(self, cid: int, dim: int) -> float:
         return release_norm_bound(self.cfg.clip, self.sigma, dim)
 
-    def pad_bytes(self, dim: int) -> int:
-        """The fixed LRSUQ/PPR message size for ``dim`` shared values, from public probes only (the same on both
-        sides: the seed, sigma, C and ``dim``); measured once per ``dim`` (FedLAG changes it once)."""
-        if dim not in self._pad:
-            profile = public_codec_profile(self.codec, k=dim, sigma=self.sigma, clip=self.cfg.clip, seed=self.seed)
-            self._pad[dim] = int(profile["pad_bytes"])
-        return self._pad[dim]
-
     def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         """With LRSUQ the payload is decoded first (only the padded payload, and in secure mode the release key, as
         fields; a fixed-size abstention is :class:`~fedtailor.fl.records.Abstained`); the reply then holds the
@@ -291,26 +339,9 @@ class ClientDP(_PrivateRelease):
         super().validate_reply(server, phase, rnd, cid, reply)
 
     def _decode_into(self, server: PrivateState, rnd: int, cid: int, reply: Message) -> None:
-        self.record_arrival(server, rnd, cid)
-        reply.only(config={"payload"} if self.simulation else {"payload", "codec_key"})
         names = self.base.shared_names(server)
         dim = sum(self.base.shapes[n].numel() for n in names)
-        if self.simulation:
-            key = derive_key(self.seed, "client-dp-codec", rnd, cid)
-        else:
-            raw = reply.value("codec_key", bytes)
-            if len(raw) != 32:
-                raise InvalidMessage(f"release key of client {cid} has {len(raw)} bytes, expected 32.")
-            key = int.from_bytes(raw, "little")
-        payload = unpad(reply.value("payload", bytes), size=self.pad_bytes(dim))
-        if not payload:
-            raise Abstained(f"client {cid} abstained in round {rnd} (its release did not fit the fixed size).")
-        try:
-            g = self.codec.decode(payload, key=key, sigma=self.sigma, dim=dim)
-        except CodecError as err:
-            raise InvalidMessage(f"undecodable release: {err}") from err
-        if not np.all(np.isfinite(g)):
-            raise InvalidMessage("decoded release contains non-finite values.")
+        g = self._decode(server, rnd, cid, reply, dim, self.sigma)
         reply.arrays, reply.config = _shift({n: server.params[n] for n in names}, torch.from_numpy(g)), {}
 
     def client_fit_many(
@@ -337,34 +368,13 @@ class ClientDP(_PrivateRelease):
         norm = float(torch.linalg.vector_norm(update))
         update = update * min(1.0, self.cfg.clip / norm) if norm > 0 else update
         if self.codec is not None:  # LRSUQ or PPR realises u + N(0, sigma^2 I) exactly from its key
-            return self._encode(update.cpu().numpy(), cid, rnd)
+            return self._encode(update.cpu().numpy(), cid, rnd, self.sigma)[0]
         if self.noisy:
             key = derive_key(self.seed, "client-dp", rnd, cid) if self.simulation else fresh_key()
             # the hardened ChaCha20 sampler in both modes: only the key differs (simulation: from the seed)
             noise = secure_gaussian_noise(key, "client-dp", sigma=self.sigma, size=update.numel())
             update = update + torch.from_numpy(noise).to(update.device)
         return Message(arrays=_shift({n: received[n] for n in names}, update))
-
-    def holds_against(self) -> str:
-        if self.codec is None or self.simulation:
-            return super().holds_against()
-        return (
-            "every output and observer without the clients' release keys; not the decoder (the server), whose keys "
-            f"give {self.codec.name}'s shared randomness (docs/privacy.md, 'What a key holder learns')"
-        )
-
-    def _encode(self, u: np.ndarray, cid: int, rnd: int) -> Message:
-        """The LRSUQ/PPR release of the clipped update ``u``, padded to the fixed size (an abstention of that size
-        if it would not fit); in secure mode with its fresh key for the decoder (and, for PPR, the search's private
-        randomness from another fresh key that never leaves the client)."""
-        key = derive_key(self.seed, "client-dp-codec", rnd, cid) if self.simulation else fresh_key()
-        noise_key = None if self.simulation else fresh_key()
-        message = self.codec.encode(u, key=key, sigma=self.sigma, noise_key=noise_key)
-        size = self.pad_bytes(len(u))
-        config: dict[str, Any] = {"payload": pad(message, size=size) if fits(message, size=size) else abstention(size)}
-        if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
-            config["codec_key"] = key.to_bytes(32, "little")
-        return Message(config=config)
 
     def summary(self, server: PrivateState) -> dict[str, Any]:
         extra = {
@@ -373,7 +383,7 @@ class ClientDP(_PrivateRelease):
             "noise_multiplier": self.sigma / self.cfg.clip,
             "T_max": self.t_max,
             "codec": self.cfg.codec,
-            **{f"bits_per_coefficient_d{d}": 8.0 * b / d for d, b in sorted(self._pad.items())},
+            **self.codec_bits(),
         }
         return self._summary(server, "client-level, each client's own noise", extra)
 
@@ -381,9 +391,18 @@ class ClientDP(_PrivateRelease):
 class RecordDP(_PrivateRelease):
     """``[method.record_dp]`` around ``base``: every local SGD run of a client's fit is DP-SGD
     (:mod:`fedtailor.privacy.dpsgd`), so everything the client keeps or sends is post-processing of noisy steps;
-    what it sends is the base's shared values alone."""
+    what it sends is the base's shared values alone.
+
+    DP-FedSGD over a codec (``codec = "lrsuq"`` or ``"ppr"``): when a client's round is exactly one DP-SGD step on
+    all its ``N`` records (``local_epochs = 1``, ``batch_size >= N``) and the base trains only the shared values
+    (FedAvg, FedProx), the round's release is one Gaussian mechanism, ``S + N(0, (zeta C)^2 I)`` with ``S`` the
+    clipped gradient sum (``||S|| <= N C``). The client sends ``S / N`` through LRSUQ or PPR at ``sigma = zeta C / N``
+    (the codec sees an input within its clip ``C``; the decoded value times ``N`` is exactly the release), with the
+    padding and key rules of ``[method.client_dp]``; the server decodes it and takes the client's step itself,
+    ``theta_g - eta (release / N)``, in the client's arithmetic (the same parameters bit for bit)."""
 
     mechanism = RECORD_MECHANISM
+    codec_label = "record-dp-codec"
 
     def __init__(
         self,
@@ -394,7 +413,7 @@ class RecordDP(_PrivateRelease):
         seed: int,
         sizes: dict[int, int],
     ) -> None:
-        super().__init__(base, cfg)
+        super().__init__(base, cfg, seed=seed, codec=cfg.codec)
         self.cfg, self.sizes = cfg, sizes
         self.dim = sum(t.numel() for t in base.theta0.values())  # every parameter a step can move
         if self.noisy:  # one client at a time, in this process (its PrivateSGD runs)
@@ -410,15 +429,16 @@ class RecordDP(_PrivateRelease):
             base.private_sgd = PrivateSGD(
                 clip=cfg.clip, noise_multiplier=self.noise_multiplier, simulation=self.simulation, seed=seed
             )
+        if self.codec is not None and (many := sorted(c for c, s in self.steps.items() if s != 1)):
+            raise ValueError(
+                f"record_dp.codec sends one DP-SGD step a round, but client {many[0]} takes {self.steps[many[0]]}: "
+                f"set method.local_epochs = 1 and method.batch_size >= {max(sizes.values())} (the largest client)."
+            )
 
     def _calibrate(self) -> float:
         """The smallest noise multiplier (to 0.1%) that keeps every client's planned DP-SGD within the target."""
-        totals = {(self.rates[c], self.steps[c] * t) for c, t in self.planned.items()}
-
-        def worst(z: float) -> float:
-            return max(sampled_epsilon([(1.0, z, q, s)], delta=self.delta) for q, s in totals)
-
-        return smallest_multiplier(worst, self.epsilon)
+        plans = {(self.rates[c], self.steps[c], t) for c, t in self.planned.items()}
+        return calibrate_steps(plans, target=self.epsilon, delta=self.delta, conversion=self.conversion)
 
     def plan(self) -> dict[int, int]:
         return self.planned
@@ -451,17 +471,59 @@ class RecordDP(_PrivateRelease):
             rnd = int(msgs[c].config["round"])
             sgd = self.base.private_sgd
             sgd.start(rnd, c)
+            sent: list[Message] = []
+            if self.codec is not None:
+                sgd.release = self._codec_release(c, rnd, set(msgs[c].arrays), sent)
             try:
                 reply, new = self.base.client_fit(msgs[c], states.get(c), data[c])
             finally:
                 sgd.stop()
+                sgd.release = None
             if sgd.steps != self.steps[c]:
                 raise RuntimeError(
                     f"client {c} took {sgd.steps} DP-SGD steps in round {rnd}, its plan {self.steps[c]} "
                     f"({type(self.base).__name__}.fit_epochs does not match its local program)."
                 )
-            out[c] = (Message(arrays=reply.arrays), new)
+            out[c] = (sent[0] if sent else Message(arrays=reply.arrays), new)
         return out
+
+    def _codec_release(self, cid: int, rnd: int, received: set[str], sent: list[Message]) -> ReleaseFn:
+        """The DP-SGD step's release through the codec (class docstring): the message goes to ``sent``, the
+        decoded release back into the client's step."""
+        n = self.sizes[cid]
+
+        def release(step: int, names: list[str], flat: torch.Tensor) -> torch.Tensor:
+            if set(names) != received or sent:
+                raise RequestRefused(
+                    f"client {cid}: record_dp.codec sends one step of the shared values only, but the base trains "
+                    f"{sorted(set(names) - received)[:3]} it keeps (or steps again); use fedavg or fedprox."
+                )
+            message, raw = self._encode(flat.cpu().numpy() / n, cid, rnd, self.sigma / n)
+            sent.append(message)
+            return torch.from_numpy(
+                self.codec.decode(raw, key=self._codec_key(message, cid, rnd), sigma=self.sigma / n, dim=flat.numel())
+                * n
+            )
+
+        return release
+
+    def _codec_key(self, message: Message, cid: int, rnd: int) -> int:
+        if self.simulation:
+            return derive_key(self.seed, self.codec_label, rnd, cid)
+        return int.from_bytes(message.config["codec_key"], "little")
+
+    def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
+        """A codec reply is decoded and the client's step taken here (class docstring); the reply then holds the
+        client's shared values, checked as every private reply."""
+        if self.codec is not None and self.noisy and not reply.arrays:
+            names = [n for n in self.base.names if n in set(self.base.shared_names(server))]
+            n = self.sizes[cid]
+            g = self._decode(server, rnd, cid, reply, sum(self.base.shapes[m].numel() for m in names), self.sigma / n)
+            noisy = unflatten_like(torch.from_numpy(g * n), {m: server.params[m] for m in names})
+            q, lr = self.rates[cid], self.base.lr
+            step = {m: noisy[m].to(server.params[m].device).to(server.params[m].dtype) / (q * n) for m in names}
+            reply.arrays, reply.config = {m: server.params[m] - lr * step[m] for m in names}, {}
+        super().validate_reply(server, phase, rnd, cid, reply)
 
     def summary(self, server: PrivateState) -> dict[str, Any]:
         extra = {
@@ -470,6 +532,8 @@ class RecordDP(_PrivateRelease):
             "sigma": self.sigma,
             "steps_per_round_max": max(self.steps.values(), default=0),
             "sampling_rate_max": max(self.rates.values(), default=0.0),
+            "codec": self.cfg.codec,
+            **self.codec_bits(),
         }
         return self._summary(server, "record-level DP-SGD (add/remove one record), each client's own noise", extra)
 
@@ -616,6 +680,18 @@ def _shift(start: dict[str, torch.Tensor], flat: torch.Tensor) -> dict[str, torc
     """``start + flat`` per tensor (``flat`` in ``start``'s order), summed in float64, in each tensor's dtype."""
     moved = unflatten_like(flat.double(), start)
     return {n: (t.double() + moved[n].to(t.device)).to(t.dtype) for n, t in start.items()}
+
+
+def calibrate_steps(plans: set[tuple[float, int, int]], *, target: float, delta: float, conversion: str) -> float:
+    """The smallest noise multiplier (to 0.1%) under which every plan ``(sampling rate, steps a release,
+    releases)`` of DP-SGD steps stays within ``target``, each eps computed as the ledger will compose it (RDP for
+    subsampled steps, the run's conversion for unsampled ones, e.g. a full-batch step at q = 1)."""
+    ledger = PrivacyLedger(delta=delta, conversion=conversion)
+
+    def worst(z: float) -> float:
+        return max(ledger.epsilon_with(0, [(1.0, z, q, steps)] * releases) for q, steps, releases in plans)
+
+    return smallest_multiplier(worst, target)
 
 
 def participations(schedule: np.ndarray, clients: list[int]) -> dict[int, int]:
