@@ -59,6 +59,7 @@ CONFIGS: dict[str, list[str]] = {
     "compact ppr secure": [*COMPACT, 'method.variant="ours-ppr"'],
 }
 DPO = tuple(s.name for s in methods() if s.data == "preferences")
+PRIVATE_DPO = "pfeddpo record_dp"  # pair-level DP-SGD: the reply is the base and the pair count alone
 
 
 @dataclasses.dataclass
@@ -100,6 +101,12 @@ def _dpo_case(name: str, phase: str) -> Case:
 
     clients = _clients(n=3)
     sizes = {c: len(d.train["chosen_ids"]) for c, d in clients.items()}
+    private = {}
+    if name == PRIVATE_DPO:
+        from fedtailor.methods.pfl.local import RecordDPConfig
+
+        dp = RecordDPConfig(epsilon=8.0, randomness="simulation")
+        private = {"record_dp": dp, "schedule": np.tile(np.arange(2), (2, 1))}
     args = {
         "model": tiny_llama(seed=3),
         "beta": 0.5,
@@ -111,11 +118,12 @@ def _dpo_case(name: str, phase: str) -> Case:
         "rounds": 2,
         "train_sizes": sizes,
         "diagnostics_every": 1 if name == "pfeddpo" else 0,
+        **private,
     }
     method = (
         CentralizedDPO(pair_length=16, **args)
         if name == "dpo-central"
-        else PFedDPO(personal=name == "pfeddpo", lora_rank=2, lora_alpha=4, **args)
+        else PFedDPO(personal=name in ("pfeddpo", PRIVATE_DPO), lora_rank=2, lora_alpha=4, **args)
     )
     state = start(method, {0: clients[0], 1: clients[1]})
     if phase == "setup":
@@ -131,7 +139,7 @@ _CASES: dict[tuple[str, str], Case] = {}
 
 def case(name: str, phase: str) -> Case:
     if (name, phase) not in _CASES:
-        _CASES[(name, phase)] = (_dpo_case if name in DPO else _image_case)(name, phase)
+        _CASES[(name, phase)] = (_dpo_case if name in (*DPO, PRIVATE_DPO) else _image_case)(name, phase)
     return _CASES[(name, phase)]
 
 
@@ -214,7 +222,7 @@ def _without_ledger(server: Any) -> Any:
     return server
 
 
-NAMES = [*CONFIGS, *DPO]
+NAMES = [*CONFIGS, *DPO, PRIVATE_DPO]
 # the methods with a setup exchange: compact adaptation (contexts, codec secrets) and the DPO methods
 CASES = [(n, "fit") for n in NAMES] + [(n, "setup") for n in NAMES if n.startswith("compact") or n in DPO]
 
@@ -229,12 +237,13 @@ def test_a_mutated_reply_is_rejected_and_changes_nothing(name, phase, data):
     cid = c.outsider if label == "another client's id" else c.cid
     reply = mutate(c.reply)
     before = copy.deepcopy(c.server)
-    releases = len(before.ledger.releases) if hasattr(before, "ledger") else 0
+    ledger = getattr(before, "ledger", None)  # the private methods' (pFedDPO's is None without record_dp)
+    releases = len(ledger.releases) if ledger is not None else 0
     verdicts = Verdicts()
     assert not accept(c.method, c.server, c.phase, c.rnd, cid, reply, asked=c.asked, verdicts=verdicts), label
     assert cid in verdicts.rejected, label
     assert _equal(_without_ledger(c.server), _without_ledger(before)), label
-    if hasattr(before, "ledger"):  # a release that reached the server is charged once, and no other
+    if ledger is not None:  # a release that reached the server is charged once, and no other
         new = c.server.ledger.releases[releases:]
         assert len(new) <= 1 and all(r.client == cid == c.cid for r in new), label
 
