@@ -132,10 +132,11 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
             self._pad[dim, sigma] = int(profile["pad_bytes"])
         return self._pad[dim, sigma]
 
-    def _encode(self, u: np.ndarray, cid: int, rnd: int, sigma: float) -> tuple[Message, bytes]:
+    def _encode(self, u: np.ndarray, cid: int, rnd: int, sigma: float) -> tuple[Message, bytes, int]:
         """The LRSUQ/PPR release of ``u`` (``||u|| <= C``) at ``sigma``, padded to the fixed size (an abstention of
-        that size if it would not fit), and the unpadded message; in secure mode with its fresh key for the decoder
-        (and, for PPR, the search's private randomness from another fresh key that never leaves the client)."""
+        that size if it would not fit), the unpadded message and its release key; in secure mode with that fresh key
+        for the decoder (and, for PPR, the search's private randomness from another fresh key that never leaves the
+        client)."""
         key = derive_key(self.seed, self.codec_label, rnd, cid) if self.simulation else fresh_key()
         noise_key = None if self.simulation else fresh_key()
         message = self.codec.encode(u, key=key, sigma=sigma, noise_key=noise_key)
@@ -143,7 +144,7 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
         config: dict[str, Any] = {"payload": pad(message, size=size) if fits(message, size=size) else abstention(size)}
         if not self.simulation:  # to the decoder only, over the authenticated channel (docs/privacy.md)
             config["codec_key"] = key.to_bytes(32, "little")
-        return Message(config=config), message
+        return Message(config=config), message, key
 
     def _decode(self, server: PrivateState, rnd: int, cid: int, reply: Message, dim: int, sigma: float) -> np.ndarray:
         """The release in a codec reply (only the padded payload, and in secure mode the release key, as fields;
@@ -492,25 +493,19 @@ class RecordDP(_PrivateRelease):
         decoded release back into the client's step."""
         n = self.sizes[cid]
 
+        order = [m for m in self.base.names if m in received]  # the layout the server decodes into
+
         def release(step: int, names: list[str], flat: torch.Tensor) -> torch.Tensor:
-            if set(names) != received or sent:
+            if list(names) != order or sent:
                 raise RequestRefused(
                     f"client {cid}: record_dp.codec sends one step of the shared values only, but the base trains "
                     f"{sorted(set(names) - received)[:3]} it keeps (or steps again); use fedavg or fedprox."
                 )
-            message, raw = self._encode(flat.cpu().numpy() / n, cid, rnd, self.sigma / n)
+            message, raw, key = self._encode(flat.cpu().numpy() / n, cid, rnd, self.sigma / n)
             sent.append(message)
-            return torch.from_numpy(
-                self.codec.decode(raw, key=self._codec_key(message, cid, rnd), sigma=self.sigma / n, dim=flat.numel())
-                * n
-            )
+            return torch.from_numpy(self.codec.decode(raw, key=key, sigma=self.sigma / n, dim=flat.numel()) * n)
 
         return release
-
-    def _codec_key(self, message: Message, cid: int, rnd: int) -> int:
-        if self.simulation:
-            return derive_key(self.seed, self.codec_label, rnd, cid)
-        return int.from_bytes(message.config["codec_key"], "little")
 
     def validate_reply(self, server: PrivateState, phase: str, rnd: int, cid: int, reply: Message) -> None:
         """A codec reply is decoded and the client's step taken here (class docstring); the reply then holds the
