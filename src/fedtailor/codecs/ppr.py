@@ -69,6 +69,8 @@ FIRST_MIN, FIRST_MAX = 8, 256
 STOP_MASS = 0.01
 #: Largest label a block may use.
 MAX_LABELS = 2**24
+#: Labels that share one bound in the search's first test (alpha finite).
+GROUP = 8
 
 
 class AesStream(KeyStream):
@@ -408,8 +410,13 @@ class PPRCodec(Codec):
         slack = 1.0 + 1e-9
         if marks is None:
             return np.flatnonzero(t < (slack * np.exp(best + log_rmax))[:, None])
-        c_max = slack * np.exp(best + self.alpha * (log_rmax - np.log(t[:, 0])))
-        return np.flatnonzero(marks > np.exp(-c_max)[:, None])  # V < c  <=>  U > exp(-c)
+        # c T^-alpha bounded on each run of GROUP labels by its first T: T^-alpha falls fast along a chunk
+        size = t.shape[1]
+        group = min(GROUP, size)
+        first = t[:, ::group]
+        c_max = slack * np.exp(best[:, None] + self.alpha * (log_rmax[:, None] - np.log(first)))
+        bound = np.repeat(np.exp(-c_max), group, axis=1)[:, :size]
+        return np.flatnonzero(marks > bound)  # V < c  <=>  U > exp(-c)
 
     def distances(
         self, cipher: CipherContext, target: _Target, blocks: np.ndarray, labels: np.ndarray, budget: np.ndarray
