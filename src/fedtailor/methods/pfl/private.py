@@ -430,6 +430,11 @@ class RecordDP(_PrivateRelease):
             base.private_sgd = PrivateSGD(
                 clip=cfg.clip, noise_multiplier=self.noise_multiplier, simulation=self.simulation, seed=seed
             )
+        if self.codec is not None and base.own_personal:
+            raise ValueError(
+                f"record_dp.codec sends the step of the shared values, but {base.name} also trains personal "
+                f"parameters with it ({sorted(base.own_personal)[0]}, ...); use fedavg or fedprox."
+            )
         if self.codec is not None and (many := sorted(c for c, s in self.steps.items() if s != 1)):
             raise ValueError(
                 f"record_dp.codec sends one DP-SGD step a round, but client {many[0]} takes {self.steps[many[0]]}: "

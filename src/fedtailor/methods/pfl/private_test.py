@@ -432,10 +432,15 @@ def test_dp_fedsgd_over_a_codec_sends_the_step_and_the_server_takes_it_bit_for_b
 def test_dp_fedsgd_over_a_codec_refuses_more_than_one_step_and_personal_parameters():
     with pytest.raises(ValueError, match="one DP-SGD step a round"):
         build("fedavg", *RECORD, 'method.record_dp.codec="lrsuq"')
+    with pytest.raises(ValueError, match="also trains personal"):
+        build("fedper", *ONE_STEP, 'method.record_dp.codec="lrsuq"')
+    with pytest.raises(ValueError, match="fedlag.top_k = 0"):
+        build("fedavg", *ONE_STEP, 'method.record_dp.codec="lrsuq"', *LAG)
     from fedtailor.fl.records import RequestRefused
 
-    setup, method = build("fedper", *ONE_STEP, 'method.record_dp.codec="lrsuq"')
+    setup, method = build("fedavg", *ONE_STEP, 'method.record_dp.codec="lrsuq"')  # a layout the server cannot read
     server = method.init_server()
     c = int(setup.schedule[0, 0])
-    with pytest.raises(RequestRefused, match="trains"):
+    method.base.names = list(reversed(method.base.names))
+    with pytest.raises(RequestRefused, match="shared values only"):
         _fit(method, server, setup, 1, [c])

@@ -67,6 +67,11 @@ def register_base(
         if m.fedlag is None:
             return base
         f = m.fedlag
+        if m.record_dp is not None and m.record_dp.codec != "fp32" and f.top_k > 0:
+            raise ValueError(
+                "[method.fedlag] with record_dp.codec: FedLAG's personal layers would stop being sent after the "
+                "warm-up, while the codec sends one step of every shared value; set method.fedlag.top_k = 0."
+            )
         if (m.client_dp or m.record_dp) is not None and (f.rechoose or f.update == "gradient"):
             raise ValueError(
                 "[method.fedlag] with [method.client_dp] scores the released (noisy) updates only: rechoose and "
