@@ -103,6 +103,15 @@ class DPConfig(Section):
     )
 
 
+def _codec_needs_noise(cfg: ClientDPConfig | RecordDPConfig, section: str) -> ClientDPConfig | RecordDPConfig:
+    """A DP section's codec realises Gaussian noise: refuse one without noise (epsilon = inf)."""
+    if cfg.codec != "fp32" and not math.isfinite(cfg.epsilon):
+        raise ValueError(
+            f"{section}.codec {cfg.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
+        )
+    return cfg
+
+
 class ClientDPConfig(DPConfig):
     """Client-level DP with each client's own noise around the method it sits in ([method.client_dp];
     docs/privacy.md, "Client-level DP for the parameter-sharing methods"): every shared update clipped to ``clip``
@@ -120,11 +129,7 @@ class ClientDPConfig(DPConfig):
 
     @model_validator(mode="after")
     def _check(self) -> ClientDPConfig:
-        if self.codec != "fp32" and not math.isfinite(self.epsilon):
-            raise ValueError(
-                f"client_dp.codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
-            )
-        return self
+        return _codec_needs_noise(self, "client_dp")
 
 
 class ServerDPConfig(DPConfig):
@@ -154,11 +159,7 @@ class RecordDPConfig(DPConfig):
 
     @model_validator(mode="after")
     def _check(self) -> RecordDPConfig:
-        if self.codec != "fp32" and not math.isfinite(self.epsilon):
-            raise ValueError(
-                f"record_dp.codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
-            )
-        return self
+        return _codec_needs_noise(self, "record_dp")
 
 
 class LocalSGDConfig(Section):
