@@ -137,7 +137,7 @@ def _secure_pairs(key: int, label: tuple[KeyPart, ...], n: int) -> tuple[np.ndar
     import torch
 
     u = open_unit(secure_stream_words(key, "gaussian", *label, count=4 * n))
-    # SLEEF-vectorised log and trig (torch): about 6x numpy's float64 log and 2.5x its trig on this CPU
+    # SLEEF-vectorised log and trig (torch): several times numpy's float64 ones on this CPU
     radius = torch.from_numpy(u[: 2 * n]).log_().mul_(-2.0).sqrt_().numpy()
     angle = torch.from_numpy(u[2 * n :]).mul_(2.0 * math.pi)
     cos, sin = torch.cos(angle).numpy(), torch.sin(angle).numpy()

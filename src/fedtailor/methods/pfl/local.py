@@ -37,7 +37,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -103,20 +103,28 @@ class DPConfig(Section):
     )
 
 
-def _codec_needs_noise(cfg: ClientDPConfig | RecordDPConfig, section: str) -> ClientDPConfig | RecordDPConfig:
-    """A DP section's codec realises Gaussian noise: refuse one without noise (epsilon = inf)."""
-    if cfg.codec != "fp32" and not math.isfinite(cfg.epsilon):
-        raise ValueError(
-            f"{section}.codec {cfg.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
-        )
-    return cfg
+class _CodecDPConfig(DPConfig):
+    """A DP section whose release can go through LRSUQ or PPR, which realise its Gaussian noise exactly: a codec
+    needs noise (epsilon finite)."""
+
+    section: ClassVar[str]
+    codec: Literal["fp32", "lrsuq", "ppr"] = "fp32"
+
+    @model_validator(mode="after")
+    def _codec_needs_noise(self) -> _CodecDPConfig:
+        if self.codec != "fp32" and not math.isfinite(self.epsilon):
+            raise ValueError(
+                f"{self.section}.codec {self.codec!r} realises Gaussian noise; without noise (epsilon = inf) use fp32."
+            )
+        return self
 
 
-class ClientDPConfig(DPConfig):
+class ClientDPConfig(_CodecDPConfig):
     """Client-level DP with each client's own noise around the method it sits in ([method.client_dp];
     docs/privacy.md, "Client-level DP for the parameter-sharing methods"): every shared update clipped to ``clip``
     and noised by its client (replace adjacency, sensitivity 2C), accounted per client in the run's ledger."""
 
+    section = "client_dp"
     sigma: float | None = Field(
         None, gt=0, description="fixed noise std instead of calibrating it; a schedule above epsilon is refused"
     )
@@ -126,10 +134,6 @@ class ClientDPConfig(DPConfig):
         "realise its Gaussian noise exactly in a padded message of about a bit or less per coordinate "
         "(docs/privacy.md, docs/codecs.md)",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> ClientDPConfig:
-        return _codec_needs_noise(self, "client_dp")
 
 
 class ServerDPConfig(DPConfig):
@@ -141,12 +145,13 @@ class ServerDPConfig(DPConfig):
     )
 
 
-class RecordDPConfig(DPConfig):
+class RecordDPConfig(_CodecDPConfig):
     """Record-level DP-SGD in local training around the method it sits in ([method.record_dp]; docs/privacy.md,
     "Record-level DP-SGD for the parameter-sharing methods"): every local SGD run of a client's fit samples its
     records (Poisson, expected batch ``method.batch_size``), clips each record's gradient to ``clip`` and adds
     the client's own Gaussian noise (add/remove one record); accounted per client with dp-accounting."""
 
+    section = "record_dp"
     noise_multiplier: float | None = Field(
         None, gt=0, description="zeta, fixed noise std / C instead of calibrating it; a plan above epsilon is refused"
     )
@@ -156,10 +161,6 @@ class RecordDPConfig(DPConfig):
         "client's records): the step's clipped gradient sum sent by LRSUQ or PPR, which realise its Gaussian noise "
         "exactly in a padded message, instead of the new parameters in float32 (docs/privacy.md)",
     )
-
-    @model_validator(mode="after")
-    def _check(self) -> RecordDPConfig:
-        return _codec_needs_noise(self, "record_dp")
 
 
 class LocalSGDConfig(Section):

@@ -516,7 +516,8 @@ class RecordDP(_PrivateRelease):
         """A codec reply is decoded and the client's step taken here (class docstring); the reply then holds the
         client's shared values, checked as every private reply."""
         if self.codec is not None and self.noisy and not reply.arrays:
-            names = [n for n in self.base.names if n in set(self.base.shared_names(server))]
+            shared = set(self.base.shared_names(server))
+            names = [n for n in self.base.names if n in shared]
             n = self.sizes[cid]
             g = self._decode(server, rnd, cid, reply, sum(self.base.shapes[m].numel() for m in names), self.sigma / n)
             noisy = unflatten_like(torch.from_numpy(g * n), {m: server.params[m] for m in names})
