@@ -8,6 +8,11 @@ k / k_small (a dense matrix product costs linearly in k).
     python benchmarks/bench_compact_round.py [--threads 2] [--repeat 3] [--codec lrsuq]
     python benchmarks/bench_compact_round.py --full-run      # also time the full 500-round MNIST run
     python benchmarks/bench_compact_round.py --device cuda   # the records, model and P on a GPU (timings synced)
+    python benchmarks/bench_compact_round.py --allocator     # glibc keeping freed memory or not (fresh processes)
+
+Like the command line, the benchmark first has glibc keep freed memory (fedtailor.allocator.keep_freed_memory);
+``--allocator`` measures what that is worth: the per-record coefficient gradients of 333 records (LeNet, default
+P, one thread) in fresh processes with and without it, alternated, with the page faults per call.
 
 The full run is the MNIST setting of *Privacy-Aligned Personalized Federated Learning with Compact
 Adaptation and Variable-Length Gaussian Communication*.
@@ -16,7 +21,10 @@ Adaptation and Variable-Length Gaussian Communication*.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import report
 
+from fedtailor.allocator import keep_freed_memory
 from fedtailor.codecs import release_key
 from fedtailor.codecs.format import pad
 from fedtailor.config import load_config
@@ -110,6 +119,51 @@ def naive_round(method, server, setup, rnd: int, k_small: int) -> float:
     return total
 
 
+_ALLOCATOR_PROBE = """
+import json, resource, sys, time
+import torch, torch.nn.functional as F
+from fedtailor.allocator import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+from fedtailor.models.lenet import LeNet
+from fedtailor.models.subspace import make_subspace
+torch.set_num_threads(1)
+torch.manual_seed(0)
+m = LeNet()
+p = make_subspace(dim=85_822, rank=16_384, seed=41, transform="layer-kronecker", model=m, allocation="sqrt")
+x, y = torch.rand(333, 1, 28, 28), torch.randint(0, 10, (333,))
+for _ in range(3):
+    p.per_record_coefficients(m, F.cross_entropy, x, y)
+f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+for _ in range(10):
+    p.per_record_coefficients(m, F.cross_entropy, x, y)
+ms, faults = 100 * (time.perf_counter() - t0), (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 10
+print(json.dumps({"kept": kept, "ms": ms, "faults": faults}))
+"""
+
+
+def allocator_rows(pairs: int) -> list[dict]:
+    """Per-record coefficient gradients (333 records, one thread) in fresh processes, glibc keeping freed memory
+    or not, ``pairs`` times each, alternated; medians."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    got: dict[str, list[dict]] = {"keep": [], "default": []}
+    for _ in range(pairs):
+        for mode in got:
+            out = subprocess.run(
+                [sys.executable, "-c", _ALLOCATOR_PROBE, mode], env=env, capture_output=True, text=True, check=True
+            )
+            got[mode].append(json.loads(out.stdout))
+    base = statistics.median(r["ms"] for r in got["default"])
+    return [
+        {
+            "allocator": "freed memory kept (keep_freed_memory)" if mode == "keep" else "glibc default",
+            "ms per call": statistics.median(r["ms"] for r in runs),
+            "page faults per call": statistics.median(r["faults"] for r in runs),
+            "time vs default": statistics.median(r["ms"] for r in runs) / base,
+        }
+        for mode, runs in got.items()
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -123,7 +177,16 @@ def main() -> None:
     ap.add_argument(
         "--full-run", action="store_true", help="also time the 500-round MNIST run with the first transform"
     )
+    ap.add_argument("--allocator", action="store_true", help="only the allocator comparison (fresh processes)")
     args = ap.parse_args()
+    if args.allocator:
+        report(
+            "Per-record coefficient gradients (333 records, LeNet, default P, 1 thread): glibc keeping freed memory",
+            allocator_rows(args.repeat),
+            notes=f"{args.repeat} fresh processes per row, alternated; 10 calls each after 3 warm-up calls; medians.",
+        )
+        return
+    keep_freed_memory()  # as the command line does
     torch.set_num_threads(args.threads)
     global _DEVICE
     _DEVICE = torch.device(args.device)

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from fedtailor.allocator import keep_freed_memory
+
+    keep_freed_memory()  # before the first tensor: training steps reuse freed memory instead of page-faulting
     parser = build_parser()
     args = parser.parse_args(argv)
     from fedtailor.fl.loop import RunInterrupted

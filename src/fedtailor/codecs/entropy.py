@@ -177,6 +177,9 @@ class AnsCoder(EntropyCoder):
         self._c = _ans()
         self._k_model = self._c.stream.model.Categorical(law.probabilities, perfect=False) if law.coded else None
 
+    def __reduce__(self) -> tuple[type[AnsCoder], tuple[IterationLaw, Lattice]]:
+        return type(self), (self.law, self.lattice)  # rebuilt from its law: constriction's models do not pickle
+
     def _models(self, counts: np.ndarray) -> list[object | None]:
         """Per bucket: the model of its symbols from their counts; None when it holds at most one symbol (no bits)."""
         live = np.count_nonzero(counts, axis=1)

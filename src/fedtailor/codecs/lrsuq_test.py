@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -407,3 +408,16 @@ def test_messages_and_releases_are_pinned(name: str, coder: str, lattice: str, b
     digest, decoded = _PINNED[(name, coder, lattice, b)]
     assert hashlib.sha256(msg).hexdigest()[:32] == digest
     np.testing.assert_allclose([y[0], y[1], y[2], y[9999], y @ y], decoded, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("coder", ["ans", "elias"])
+def test_a_codec_sent_to_a_worker_process_writes_and_reads_the_same_bytes(coder: str) -> None:
+    codec = LRSUQCodec(coder=coder)
+    copy = pickle.loads(pickle.dumps(codec))  # how the worker processes (fl/workers.py) receive a method's codec
+    u = np.random.default_rng(3).normal(size=1000) / math.sqrt(1000)
+    key = release_key(7, 1, 2)
+    msg = codec.encode(u, key=key, sigma=SIGMA)
+    assert copy.encode(u, key=key, sigma=SIGMA) == msg
+    np.testing.assert_array_equal(
+        copy.decode(msg, key=key, sigma=SIGMA, dim=u.size), codec.decode(msg, key=key, sigma=SIGMA, dim=u.size)
+    )

@@ -2,7 +2,9 @@
 with Compact Adaptation and Variable-Length Gaussian Communication*.
 
 conv 5x5 (C -> 16) + ReLU + maxpool 2, conv 5x5 (16 -> 32) + ReLU + maxpool 2, flatten, linear -> 120, ReLU,
-linear -> 84, ReLU, linear -> classes. d_theta = 85,822 on 1x28x28 and 121,182 on 3x32x32.
+linear -> 84, ReLU, linear -> classes. d_theta = 85,822 on 1x28x28 and 121,182 on 3x32x32. Each pooling is
+computed before its ReLU: max and ReLU commute exactly (outputs and gradients are the same bit for bit), and the
+ReLU then runs on a quarter of the values.
 
 Inputs arrive with pixels in [0, 1] (the context statistic needs raw pixels); the networks first map them to
 [-1, 1] with the fixed, data-independent affine (x - 0.5) / 0.5, which is not a parameter (d_theta unchanged)
@@ -32,8 +34,8 @@ class LeNet(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.max_pool2d(torch.relu(self.conv1((x - 0.5) / 0.5)), 2)
-        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(torch.max_pool2d(self.conv1((x - 0.5) / 0.5), 2))
+        x = torch.relu(torch.max_pool2d(self.conv2(x), 2))
         x = torch.relu(self.fc1(x.flatten(1)))
         x = torch.relu(self.fc2(x))
         return self.fc3(x)

@@ -24,6 +24,7 @@ without cross-record layers works (batch normalisation is refused by the caller'
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -63,6 +64,18 @@ def clipped_sum(grads: Params, *, clip: float) -> tuple[Params, torch.Tensor]:
     return {n: torch.einsum("b,b...->...", scale.to(g.dtype), g) for n, g in grads.items()}, norms
 
 
+_LAYERS: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
+
+
+def _layers(model: nn.Module) -> list:
+    """:func:`~fedtailor.models.layerwise.model_layers` of ``model``, read once per model (every step asks)."""
+    from fedtailor.models.layerwise import model_layers
+
+    if model not in _LAYERS:
+        _LAYERS[model] = model_layers(model)
+    return _LAYERS[model]
+
+
 def layer_clipped_sum(
     model: nn.Module, params: Params, names: Collection[str], x: torch.Tensor, y: torch.Tensor, *, clip: float
 ) -> tuple[Params, torch.Tensor]:
@@ -75,9 +88,7 @@ def layer_clipped_sum(
     arXiv:2110.05679); a convolution's per-record weight gradients ``sum_p g_{z,p} x_{z,p}^T`` are formed by one
     batched product over unfolded patches. Returns the sums and the per-record losses; raises ValueError when
     the model is outside this form (the caller then uses :func:`dp_sgd`'s per-record autograd)."""
-    from fedtailor.models.layerwise import model_layers
-
-    layers = [lay for lay in model_layers(model) if {f"{lay.module}.weight", f"{lay.module}.bias"} & set(names)]
+    layers = [lay for lay in _layers(model) if {f"{lay.module}.weight", f"{lay.module}.bias"} & set(names)]
     mods = dict(model.named_modules())
     captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -166,40 +177,43 @@ def dp_sgd(
     aux = aux or {}
     q = sampling_rate(len(x), batch_size)
     steps = epochs * steps_per_epoch(len(x), batch_size)
-    sizes = [theta[n].numel() for n in names]
+    shapes = {n: theta[n] for n in names}  # the layout of the flat noisy sum
+    dtypes = {theta[n].dtype for n in names}
+    if len(dtypes) > 1:
+        raise ValueError(f"DP-SGD needs trainable parameters of one dtype, got {sorted(map(str, dtypes))}.")
+    dtype = dtypes.pop() if dtypes else x.dtype
 
     def record_loss(live: Params, fixed: Params, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
         return loss_fn({**fixed, **live}, aux, xi[None], yi[None])
 
-    per_record = vmap(grad_and_value(record_loss), in_dims=(None, None, 0, 0))
-    velocity = {n: torch.zeros_like(theta[n]) for n in names}
+    per_record = None if model is not None else vmap(grad_and_value(record_loss), in_dims=(None, None, 0, 0))
+    velocity = {n: torch.zeros_like(theta[n]) for n in names} if momentum else {}
     total, count = 0.0, 0
     for step in range(steps):
-        chosen = (uniforms(step, len(x)) < q).nonzero().reshape(-1).to(x.device)
+        if q < 1:
+            chosen = (uniforms(step, len(x)) < q).nonzero().reshape(-1).to(x.device)
+            xb, yb = x[chosen], y[chosen]
+        else:  # every U_z < 1: the whole set, in order (no draw needed)
+            xb, yb = x, y
         live = {n: theta[n] for n in names}
         fixed = {n: t for n, t in theta.items() if n not in live}
-        if len(chosen) and model is not None:
-            sums, losses = layer_clipped_sum(model, theta, names, x[chosen], y[chosen], clip=clip)
+        if len(xb) and model is not None:
+            sums, losses = layer_clipped_sum(model, theta, names, xb, yb, clip=clip)
             total += float(losses.sum())
-            count += len(chosen)
-        elif len(chosen):
-            grads, losses = per_record(live, fixed, x[chosen], y[chosen])
+            count += len(xb)
+        elif len(xb) and per_record is not None:
+            grads, losses = per_record(live, fixed, xb, yb)
             sums, _ = clipped_sum(grads, clip=clip)
             total += float(losses.sum())
-            count += len(chosen)
+            count += len(xb)
         else:
             sums = {n: torch.zeros_like(theta[n]) for n in names}
+        flat = torch.cat([sums[n].reshape(-1).double() for n in names] or [x.new_zeros(0, dtype=torch.float64)])
         if release is None:
-            z = noise(step, sum(sizes)).to(device=x.device)
-            noisy_sum = {n: sums[n].double() for n in names}
-            start = 0
-            for n, size in zip(names, sizes):
-                noisy_sum[n] += noise_multiplier * clip * z[start : start + size].reshape(theta[n].shape)
-                start += size
+            flat += noise_multiplier * clip * noise(step, flat.numel()).to(device=x.device)
         else:  # the caller realises the Gaussian mechanism (a codec): the whole clipped sum in, its release out
-            flat = release(step, names, torch.cat([sums[n].double().reshape(-1) for n in names]))
-            noisy_sum = unflatten_like(flat.to(x.device), {n: theta[n] for n in names})
-        noisy = {n: noisy_sum[n].to(theta[n].dtype) / (q * len(x)) for n in names}
+            flat = release(step, names, flat).to(x.device)
+        noisy = unflatten_like(flat.to(dtype) / (q * len(x)), shapes)
         with torch.no_grad():
             for n in names:
                 g = noisy[n]

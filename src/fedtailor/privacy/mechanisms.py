@@ -47,7 +47,7 @@ def unflatten_like(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> dict
         raise ValueError(f"flat tensor has {flat.shape[-1]} entries per row, but the parameters hold {total}.")
     lead = flat.shape[:-1]
     chunks = torch.split(flat, sizes, dim=-1)
-    return {name: c.reshape(*lead, *t.shape) for (name, t), c in zip(like.items(), chunks, strict=True)}
+    return {name: c.reshape((*lead, *t.shape)) for (name, t), c in zip(like.items(), chunks, strict=True)}
 
 
 def _check_per_record_safe(model: nn.Module) -> None:

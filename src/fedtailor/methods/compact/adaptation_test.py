@@ -133,6 +133,24 @@ def test_malformed_releases_are_rejected_without_touching_the_server():
     assert all(torch.equal(omega[k], server.omega[k]) for k in omega)
 
 
+def test_a_release_is_decoded_once_and_never_mixed_up_with_another():
+    setup, method = small('method.codec="lrsuq"')
+    server = start(method, setup.clients).server
+    a, b = (int(c) for c in setup.schedule[0, :2])
+    replies = {c: method.client_fit(method.configure_fit(server, 1, c), None, setup.clients[c])[0] for c in (a, b)}
+    decoded = {c: method.decode(server, 1, c, replies[c]) for c in (a, b)}
+    method.validate_reply(server, "fit", 1, a, replies[a])
+    # folded right after its validation: the same values, bit for bit
+    assert np.array_equal(method.fold_fit(server, 1, None, a, replies[a])[a].g.numpy(), decoded[a].astype(np.float32))
+    # a fold of another reply than the one just validated decodes that reply itself
+    method.validate_reply(server, "fit", 1, a, replies[a])
+    acc = method.fold_fit(server, 1, None, b, replies[b])
+    assert np.array_equal(acc[b].g.numpy(), decoded[b].astype(np.float32))
+    method.validate_reply(server, "fit", 1, b, replies[b])
+    same_client = Message(config={"payload": bytes(replies[a].config["payload"])})  # equal bytes, other object
+    assert np.array_equal(method.fold_fit(server, 1, None, a, same_client)[a].g.numpy(), decoded[a].astype(np.float32))
+
+
 def test_unseen_clients_get_a_generated_model_without_training():
     setup, method = small()
     result = run_federated(method, setup.clients, setup.schedule, progress=False)
