@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedtailor.models.layerwise import model_layers, per_record_conv_weight_grads
 from fedtailor.privacy.mechanisms import unflatten_like
 from fedtailor.privacy.noise import open_unit, secure_gaussian_noise, secure_stream_words
 from fedtailor.rng import derive_key, fresh_key
@@ -69,8 +70,6 @@ _LAYERS: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary(
 
 def _layers(model: nn.Module) -> list:
     """:func:`~fedtailor.models.layerwise.model_layers` of ``model``, read once per model (every step asks)."""
-    from fedtailor.models.layerwise import model_layers
-
     if model not in _LAYERS:
         _LAYERS[model] = model_layers(model)
     return _LAYERS[model]
@@ -85,9 +84,10 @@ def layer_clipped_sum(
     product ``g_z h_z^T`` of its output error and input, so its squared norm is ``||g_z||^2 (||h_z||^2 + 1)``
     (bias included) and the clipped sum is ``(s * G)^T H`` with ``s_z = min(1, C / ||grad_z||)`` (ghost clipping,
     *Large Language Models Can Be Strong Differentially Private Learners*, Li, Tramer, Liang, Hashimoto 2021,
-    arXiv:2110.05679); a convolution's per-record weight gradients ``sum_p g_{z,p} x_{z,p}^T`` are formed by one
-    batched product over unfolded patches. Returns the sums and the per-record losses; raises ValueError when
-    the model is outside this form (the caller then uses :func:`dp_sgd`'s per-record autograd)."""
+    arXiv:2110.05679); a convolution's per-record weight gradients ``sum_p g_{z,p} x_{z,p}^T`` come from one
+    grouped convolution backward (:func:`~fedtailor.models.layerwise.per_record_conv_weight_grads`). Returns the
+    sums and the per-record losses; raises ValueError when the model is outside this form (the caller then uses
+    :func:`dp_sgd`'s per-record autograd)."""
     layers = [lay for lay in _layers(model) if {f"{lay.module}.weight", f"{lay.module}.bias"} & set(names)]
     mods = dict(model.named_modules())
     captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -116,8 +116,7 @@ def layer_clipped_sum(
     for lay, g in zip(layers, deltas):
         h, mod = captured[lay.module][0], mods[lay.module]
         if isinstance(mod, nn.Conv2d):
-            cols = F.unfold(h, mod.kernel_size, mod.dilation, mod.padding, mod.stride)  # (n, fan_in, P)
-            gw = torch.bmm(g.reshape(n, g.shape[1], -1), cols.transpose(1, 2))  # (n, out, fan_in)
+            gw = per_record_conv_weight_grads(h, g, mod)  # (n, out, fan_in)
             per_record[lay.module] = gw
             sq += gw.pow(2).sum((1, 2)).double()
             if lay.bias:

@@ -334,8 +334,8 @@ def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
 
 @pytest.mark.parametrize("model", ["dnn", "fedavgcnn"])
 def test_the_batched_clipped_sum_equals_per_record_autograd(model):
-    """:func:`layer_clipped_sum` (ghost norms for Linear layers, unfolded patches for convolutions) against the
-    per-record autograd path, on all parameters and on the head alone, with half the records clipped."""
+    """:func:`layer_clipped_sum` (ghost norms for Linear layers, a grouped convolution backward for convolutions)
+    against the per-record autograd path, on all parameters and on the head alone, with half the records clipped."""
     from fedtailor.models import build_model
     from fedtailor.privacy.dpsgd import clipped_sum, layer_clipped_sum
 
