@@ -6,9 +6,12 @@ per-record gradients (fedtailor: the batched clipped sums of ``layer_clipped_sum
 these models), the joint clip, Gaussian noise of every parameter and the update. fedtailor's noise is the
 hardened ChaCha20 sampler record-level DP uses (four draws per output, as Opacus's ``secure_mode``); Opacus's is
 one ``torch.normal`` draw (its ``secure_mode`` needs torchcsprng, not installed here); ``--noise none`` leaves
-fedtailor's noise out to show the rest of the step.
+fedtailor's noise out to show the rest of the step. Each timed call runs ``--steps`` steps (one local run, so
+``dp_sgd``'s setup is shared by its steps, as in training; ``--steps 1`` times a run of one step); times are
+per step.
 
-    python benchmarks/bench_dpsgd_step.py [--threads 1] [--batch 16] [--repeat 20] [--noise secure|none] [--no-save]
+    python benchmarks/bench_dpsgd_step.py [--threads 1] [--batch 16] [--repeat 20] [--steps 10]
+        [--noise secure|none] [--no-save]
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tens
     opt.step()
 
 
-def fedtailor_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, noise: str) -> dict:
+def fedtailor_steps(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, noise: str, steps: int) -> dict:
     params = {n: p.detach() for n, p in model.named_parameters()}
     loss = lambda p, aux, xb, yb: F.cross_entropy(torch.func.functional_call(model, p, (xb,)), yb)
     key = derive_key(0, "bench")
     new, _, _ = dp_sgd(
-        loss, params, x, y, trainable=set(params), epochs=1, batch_size=len(x), lr=LR, clip=CLIP,
+        loss, params, x, y, trainable=set(params), epochs=steps, batch_size=len(x), lr=LR, clip=CLIP,
         noise_multiplier=NOISE, uniforms=lambda s, n: torch.zeros(n, dtype=torch.float64),
         noise=(lambda s, size: torch.zeros(size, dtype=torch.float64)) if noise == "none" else
         (lambda s, size: torch.from_numpy(secure_gaussian_noise(key, "noise", s, sigma=1.0, size=size))),
@@ -71,9 +74,10 @@ def measure(name: str, make: type[torch.nn.Module], args: argparse.Namespace) ->
             max_grad_norm=CLIP,
             expected_batch_size=args.batch,
         )
-    t_plain = time_call(lambda: plain_step(plain, opt, x, y), repeat=args.repeat, warmup=3)
-    t_ours = time_call(lambda: fedtailor_step(ours, x, y, args.noise), repeat=args.repeat, warmup=3)
-    t_opacus = time_call(lambda: plain_step(theirs, dp_opt, x, y), repeat=args.repeat, warmup=3)
+    k = args.steps  # steps per timed call (one local run: dp_sgd's setup shared by its steps), times per step
+    t_plain = time_call(lambda: [plain_step(plain, opt, x, y) for _ in range(k)], repeat=args.repeat, warmup=3) / k
+    t_ours = time_call(lambda: fedtailor_steps(ours, x, y, args.noise, k), repeat=args.repeat, warmup=3) / k
+    t_opacus = time_call(lambda: [plain_step(theirs, dp_opt, x, y) for _ in range(k)], repeat=args.repeat, warmup=3) / k
     return {
         "model": name,
         "parameters": sum(p.numel() for p in plain.parameters()),
@@ -92,6 +96,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--noise", choices=("secure", "none"), default="secure")
+    ap.add_argument("--steps", type=int, default=10, help="steps per timed call (one local run); times are per step")
     ap.add_argument("--no-save", action="store_true", help="print only (a check run, not for RESULTS.md)")
     args = ap.parse_args()
     keep_freed_memory()  # as the command line does
@@ -100,7 +105,8 @@ def main() -> None:
     report(
         "One local DP-SGD step (per-record clip + noise + update) against plain SGD and Opacus",
         rows,
-        notes=f"noise: fedtailor {args.noise} sampler, Opacus torch.normal; clip {CLIP}, noise multiplier {NOISE}",
+        notes=f"noise: fedtailor {args.noise} sampler, Opacus torch.normal; clip {CLIP}, noise multiplier {NOISE}; "
+        f"{args.steps} steps per timed call (one local run), times per step",
         save=not args.no_save,
     )
 

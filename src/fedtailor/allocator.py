@@ -23,10 +23,10 @@ def keep_freed_memory(*, mmap_threshold: int = 32 << 20, trim_threshold: int = 1
     default glibc serves blocks above a moving threshold with ``mmap`` and gives freed memory back, so each step
     pays the page faults of touching fresh pages again (measured: 1.66x slower per-record coefficient gradients
     of LeNet; docs/compact.md, "Time, and what bounds it"). Blocks below ``mmap_threshold`` (at most glibc's
-    32 MiB) now come from the heap, and up to ``trim_threshold`` bytes of free heap are kept. The command line
-    and the worker processes call this once at start; returns whether the setting was applied (False off glibc,
-    or when the user set ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES``, which then
-    stay in charge)."""
+    32 MiB) now come from the heap, and up to ``trim_threshold`` bytes of free heap are kept. The command line,
+    the worker processes and the Flower apps call this once at start; returns whether the setting was applied
+    (False off glibc, or when the user set ``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_`` or
+    ``GLIBC_TUNABLES``, which then stay in charge)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in _MALLOC_ENV):
         return False
     libc = ctypes.CDLL(None)

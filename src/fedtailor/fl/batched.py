@@ -471,7 +471,7 @@ def _cross_entropy(z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torc
     return loss, g.div_(y.shape[1])
 
 
-def _forward(chain: Chain, p: Params, want: frozenset[str], h: torch.Tensor) -> tuple[torch.Tensor, list[Any], int]:
+def forward_pass(chain: Chain, p: Params, want: frozenset[str], h: torch.Tensor) -> tuple[torch.Tensor, list[Any], int]:
     """(logits, the layers' saved inputs, the index of the lowest layer the backward must reach)."""
     layers = chain.layers[chain.start :]
     lowest = next((i for i, layer in enumerate(layers) if set(layer.names) & want), len(layers))
@@ -482,7 +482,7 @@ def _forward(chain: Chain, p: Params, want: frozenset[str], h: torch.Tensor) -> 
     return h, ctxs, lowest
 
 
-def _backward(chain: Chain, p: Params, g: torch.Tensor, ctxs: list[Any], lowest: int, sink: Sink) -> None:
+def backward_pass(chain: Chain, p: Params, g: torch.Tensor, ctxs: list[Any], lowest: int, sink: Sink) -> None:
     layers = chain.layers[chain.start :]
     for i in range(len(layers) - 1, lowest - 1, -1):
         g = layers[i].backward(p, g, ctxs[i], sink, need_input=i > lowest)
@@ -504,7 +504,7 @@ def gradient_step(
     p = {n: t[rows] for n, t in theta.items()}
     obj, want = objective, sink.want
     offset = None if obj.offset is None else obj.offset[rows]
-    logits, ctxs, lowest = _forward(chain, p, want, h)
+    logits, ctxs, lowest = forward_pass(chain, p, want, h)
     loss, g = _cross_entropy(logits if offset is None else logits + offset.unsqueeze(1), y)
     later: list[tuple[str, torch.Tensor]] = []  # contributions of the other terms, handed over after the backward
     for n, a in obj.anchor.items():
@@ -526,14 +526,14 @@ def gradient_step(
         alpha = {n: p[obj.alpha].reshape(-1, *[1] * (t.ndim - 1)) for n, t in v.items()}  # broadcast per client
         mix = {**p, **{n: alpha[n] * v[n] + (1 - alpha[n]) * p[n] for n in v}}
         got = Collect(frozenset(v))
-        mixed_logits, mix_ctxs, mix_lowest = _forward(chain, mix, got.want, h)
+        mixed_logits, mix_ctxs, mix_lowest = forward_pass(chain, mix, got.want, h)
         extra, g_mix = _cross_entropy(mixed_logits, y)
-        _backward(chain, mix, g_mix, mix_ctxs, mix_lowest, got)
+        backward_pass(chain, mix, g_mix, mix_ctxs, mix_lowest, got)
         later += [(key, alpha[name] * got.grads[name]) for key, name in obj.mixture.items() if key in want]
         if obj.alpha in want:
             later.append((obj.alpha, sum(((v[n] - p[n]) * got.grads[n]).flatten(1).sum(1) for n in v)))
         loss = loss + extra
-    _backward(chain, p, g, ctxs, lowest, sink)
+    backward_pass(chain, p, g, ctxs, lowest, sink)
     for n, t in later:
         sink.add(n, t)
     return loss

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedtailor.models.layerwise import model_layers, per_record_conv_weight_grads
+from fedtailor.fl import batched
+from fedtailor.models.layerwise import Layer, model_layers, per_record_conv_weight_grads
 from fedtailor.privacy.mechanisms import unflatten_like
 from fedtailor.privacy.noise import open_unit, secure_gaussian_noise, secure_stream_words
 from fedtailor.rng import derive_key, fresh_key
@@ -65,14 +66,73 @@ def clipped_sum(grads: Params, *, clip: float) -> tuple[Params, torch.Tensor]:
     return {n: torch.einsum("b,b...->...", scale.to(g.dtype), g) for n, g in grads.items()}, norms
 
 
-_LAYERS: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
+_LAYERS: weakref.WeakKeyDictionary[nn.Module, list[Layer]] = weakref.WeakKeyDictionary()
+_CHAINS: weakref.WeakKeyDictionary[nn.Module, batched.Chain | None] = weakref.WeakKeyDictionary()
 
 
-def _layers(model: nn.Module) -> list:
+def _layers(model: nn.Module) -> list[Layer]:
     """:func:`~fedtailor.models.layerwise.model_layers` of ``model``, read once per model (every step asks)."""
     if model not in _LAYERS:
         _LAYERS[model] = model_layers(model)
     return _LAYERS[model]
+
+
+def _linear_chain(model: nn.Module, names: Collection[str]) -> batched.Chain | None:
+    """``model`` as a chain of :mod:`fedtailor.fl.batched` layers (traced once per model) when every parametric
+    layer is a Linear and ``names`` are all its parameters; None otherwise."""
+    if model not in _CHAINS:
+        _CHAINS[model] = batched.try_compile(model)
+    chain = _CHAINS[model]
+    if chain is None or set(names) != set(chain.names):
+        return None
+    return chain if all(isinstance(lay, batched.Linear) for lay in chain.layers if lay.names) else None
+
+
+class _Ghost(batched.Sink):
+    """What ghost clipping needs of a backward pass: each Linear layer's per-record errors ``g`` ``(n, out)`` and
+    inputs ``h`` ``(n, in)``, by weight name, instead of their summed products."""
+
+    def __init__(self, want: frozenset[str]) -> None:
+        self.want, self.pairs = want, {}
+
+    def bmm(self, name: str, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.pairs[name] = (a[0].T, b[0])  # a = g^T (1, out, n), b = h (1, n, in)
+
+    def add(self, name: str, g: torch.Tensor, alpha: float = 1.0) -> None:
+        pass  # a bias's per-record gradient is its layer's error g, kept with the weight
+
+
+def _chain_clipped_sum(
+    chain: batched.Chain, params: Params, x: torch.Tensor, y: torch.Tensor, *, clip: float
+) -> tuple[Params, torch.Tensor]:
+    """:func:`layer_clipped_sum` of a chain of Linear layers over all its parameters, through the hand-written
+    forward and backward of :mod:`fedtailor.fl.batched` (one client): no autograd, hooks or ``functional_call``,
+    which are most of a small model's step."""
+    h = x[None]
+    for layer in chain.layers[: chain.start]:  # the parameter-free prefix (normalisation, flatten)
+        h, _ = layer.forward({}, h)
+    p = {n: t[None] for n, t in params.items()}
+    sink = _Ghost(frozenset(params))
+    logits, ctxs, lowest = batched.forward_pass(chain, p, sink.want, h)
+    logp = torch.log_softmax(logits[0], -1)
+    losses = -logp.gather(1, y[:, None])[:, 0]
+    g = logp.exp()  # d loss_z / d logits_z = softmax - onehot, record by record (the sum of the losses)
+    g[torch.arange(len(y), device=y.device), y] -= 1.0
+    batched.backward_pass(chain, p, g[None], ctxs, lowest, sink)
+    bias = {
+        lay.names[0]: lay.names[1] for lay in chain.layers if isinstance(lay, batched.Linear) and len(lay.names) > 1
+    }
+    sq = torch.zeros(len(x), dtype=torch.float64, device=x.device)
+    for w, (g_w, h_w) in sink.pairs.items():
+        g_sq = g_w.pow(2).sum(1).double()
+        sq += g_sq * h_w.pow(2).sum(1).double() + (g_sq if w in bias else 0.0)
+    scale = (clip / sq.sqrt().clamp_min(1e-300)).clamp(max=1.0).to(x.dtype)
+    sums: Params = {}
+    for w, (g_w, h_w) in sink.pairs.items():
+        sums[w] = (g_w * scale[:, None]).T @ h_w
+        if w in bias:
+            sums[bias[w]] = scale @ g_w
+    return sums, losses.detach()
 
 
 def layer_clipped_sum(
@@ -87,7 +147,12 @@ def layer_clipped_sum(
     arXiv:2110.05679); a convolution's per-record weight gradients ``sum_p g_{z,p} x_{z,p}^T`` come from one
     grouped convolution backward (:func:`~fedtailor.models.layerwise.per_record_conv_weight_grads`). Returns the
     sums and the per-record losses; raises ValueError when the model is outside this form (the caller then uses
-    :func:`dp_sgd`'s per-record autograd)."""
+    :func:`dp_sgd`'s per-record autograd). A model that is a chain of Linear layers (and parameter-free steps)
+    trained in full runs on :mod:`fedtailor.fl.batched`'s hand-written forward and backward instead of autograd
+    (:func:`_chain_clipped_sum`, the same sums)."""
+    chain = _linear_chain(model, names)
+    if chain is not None:
+        return _chain_clipped_sum(chain, params, x, y, clip=clip)
     layers = [lay for lay in _layers(model) if {f"{lay.module}.weight", f"{lay.module}.bias"} & set(names)]
     mods = dict(model.named_modules())
     captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -334,9 +334,11 @@ def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
 
 @pytest.mark.parametrize("model", ["dnn", "fedavgcnn"])
 def test_the_batched_clipped_sum_equals_per_record_autograd(model):
-    """:func:`layer_clipped_sum` (ghost norms for Linear layers, a grouped convolution backward for convolutions)
-    against the per-record autograd path, on all parameters and on the head alone, with half the records clipped."""
+    """:func:`layer_clipped_sum` (ghost norms for Linear layers, through fl/batched.py's hand-written backward when
+    the model is a chain of them; a grouped convolution backward for convolutions) against the per-record autograd
+    path, on all parameters and on the head alone, with half the records clipped."""
     from fedtailor.models import build_model
+    from fedtailor.privacy import dpsgd
     from fedtailor.privacy.dpsgd import clipped_sum, layer_clipped_sum
 
     net = build_model(model, input_shape=(1, 28, 28), num_classes=10, seed=0).double()
@@ -359,6 +361,8 @@ def test_the_batched_clipped_sum_equals_per_record_autograd(model):
         assert (norms > clip).any() and (norms < clip).any()
         got, losses = layer_clipped_sum(net, params, names, x, y, clip=clip)
         assert set(got) == names and losses.shape == (7,)
+        # every parameter of the Linear-only DNN: the hand-written chain path (no autograd) is the one that ran
+        assert (dpsgd._linear_chain(net, names) is not None) == (model == "dnn" and names == set(params))
         for n in names:
             torch.testing.assert_close(got[n], want[n], rtol=1e-9, atol=1e-12)
 
