@@ -343,6 +343,32 @@ def test_a_repeated_seed_or_grid_value_is_refused(tmp_path, registry):
         rp.plan(["twice"], out=tmp_path, seeds=None, quick=False, registry={"twice": twice})
 
 
+def test_a_reproduction_of_one_block_adds_its_rows_to_the_tables_of_the_others(tmp_path, tiny):
+    """``NAME/BLOCK`` runs add to the table and paired table the earlier blocks wrote in the same folder, in the
+    experiment's block order, and a block run again replaces its own rows only."""
+    grid = (("method.lr", ("0.05", "0.2")),)
+    blocks = (rp.Block("a", tiny[0], grid), rp.Block("b", tiny[0], grid, ("federation.clients_per_round=2",)))
+    exp = rp.Experiment(
+        "two", "two blocks", blocks, quick=("federation.rounds=2",), seeds=(1,), reference=("method.lr", "0.05")
+    )
+    registry, out = {"two": exp}, tmp_path / "out"
+
+    def tables(spec: str) -> tuple[list[dict[str, str]], list[tuple[str, str]]]:
+        runs = rp.plan([spec], out=out, seeds=None, quick=True, registry=registry)
+        assert rp.execute(runs) == []
+        folder = rp.tables(runs, out=out, registry=registry)[0]
+        paired = [(r["block"], r["point"]) for r in csv.DictReader((folder / "paired.csv").open())]
+        return list(csv.DictReader((folder / "table.csv").open())), paired
+
+    first_b, _ = tables("two/b")
+    assert [(r["block"], r["point"]) for r in first_b] == [("b", "lr=0.05"), ("b", "lr=0.2")]
+    rows, paired = tables("two/a")
+    assert [r["block"] for r in rows] == ["a", "a", "b", "b"] and rows[2:] == first_b  # b's rows as they were
+    assert sorted({p for p in paired if p[1] == "lr=0.2"}) == [("a", "lr=0.2"), ("b", "lr=0.2")]
+    rows, _ = tables("two/a")  # again: a's rows replaced, not added twice
+    assert [r["block"] for r in rows] == ["a", "a", "b", "b"]
+
+
 def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path, tiny):
     """The tuning stage runs every (point, step size) on a validation split, chooses per point the step with the
     best validation accuracy, and the experiment's runs then use it; a failed tuning run is never chosen."""
@@ -389,6 +415,27 @@ def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_spli
     assert again["per-round/clients_per_round=2"] == {"method.lr": "0.5" if winner == "0.01" else "0.01"}
     rows = list(csv.DictReader((out / "tuned" / "tuning" / "tuning.csv").open()))
     assert sum(r["chosen"] == "True" for r in rows) == 2 and len(rows) == 4
+
+
+def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):
+    """``Tuning.on``: only that block is tuned, and each point of every block runs with that block's choice for
+    the same point (a reduced budget); a block name that is not the experiment's is refused."""
+    grid = (("federation.clients_per_round", ("2", "3")),)
+    blocks = (rp.Block("a", tiny[0], grid), rp.Block("b", tiny[0], grid, ("federation.rounds=3",)))
+    tuning = rp.Tuning(grid=(("method.lr", ("0.01", "0.5")),), seeds=(1,), on="a")
+    exp = rp.Experiment("on-a", "two blocks tuned on the first", blocks, seeds=(1,), tuning=tuning)
+    registry, out = {"on-a": exp}, tmp_path / "out"
+    assert "+ 4 to tune" in rp.listing(registry)  # block b is not tuned
+    runs = rp.plan_tuning(["on-a"], out=out, quick=True, registry=registry)
+    assert len(runs) == 4 and {r.block for r in runs} == {"tuning/a"}
+    folder = out / "on-a" / "tuning"
+    folder.mkdir(parents=True)
+    choices = {"a/clients_per_round=2": {"method.lr": "0.5"}, "a/clients_per_round=3": {"method.lr": "0.01"}}
+    (folder / "choices.json").write_text(json.dumps({"quick": True, "choices": choices}))
+    for r in rp.plan(["on-a"], out=out, seeds=None, quick=True, registry=registry):
+        assert r.cfg.method.lr == float(choices[f"a/{slug(r.point)}"]["method.lr"])
+    with pytest.raises(ValueError, match="on-c: its tuning stage is on block 'c', which is not a block of it"):
+        rp.Experiment("on-c", "x", blocks, tuning=rp.Tuning(grid=tuning.grid, on="c"))
 
 
 def test_a_block_that_fixes_a_tuned_key_is_refused(tmp_path, tiny):

@@ -175,7 +175,8 @@ def plan(
                 for seed in run_seeds:
                     after = seed_dir(out / name / block.needs, seed) if block.needs else None
                     fixed = [v.replace("{needs}", str(after)) for v in block.sets]
-                    chosen = tuned.get(unit_key(block.name, point), {}) if block.needs is None else {}
+                    tuned_on = block.name if exp.tuning is None or exp.tuning.on is None else exp.tuning.on
+                    chosen = tuned.get(unit_key(tuned_on, point), {}) if block.needs is None else {}
                     sets = [
                         *fixed,
                         *(exp.quick if quick else ()),
@@ -214,7 +215,7 @@ def listing(registry: Mapping[str, Experiment] = EXPERIMENTS) -> str:
             tuned = sum(
                 len(exp.tuning.points(tuned_keys(exp, b, p, quick=False)))
                 for b in exp.blocks
-                if b.needs is None
+                if b.needs is None and exp.tuning.on in (None, b.name)
                 for p in b.points()
             )
             tuning = f" + {tuned * len(exp.tuning.seeds)} to tune"

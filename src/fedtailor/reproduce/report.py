@@ -50,6 +50,11 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             rows.append(row)
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
+        now = {r.block for r in runs if r.experiment == name}
+        rows = _in_block_order(exp, _earlier_rows(folder / "table.csv", now) + rows)
+        for row in rows:
+            if (row["block"], row["point"]) not in values:  # a row kept from an earlier reproduction
+                values[(row["block"], row["point"])] = _grid_values(exp, row["block"], row["point"])
         cols = table_columns(exp, rows)
         md = [f"# {name}", "", exp.description, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
@@ -60,12 +65,42 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             writer.writeheader()
             writer.writerows(rows)
         if exp.reference is not None:
-            _paired_tables([r for r in runs if r.experiment == name and r.done], exp, folder)
+            _paired_tables([r for r in runs if r.experiment == name and r.done], exp, folder, keep_except=now)
         _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
         if exp.x_axis and rows:
             _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
         folders.append(folder)
     return folders
+
+
+def _earlier_rows(path: Path, blocks: set[str]) -> list[dict[str, Any]]:
+    """The rows of an earlier ``table.csv`` or ``paired.csv`` in the output folder for blocks other than
+    ``blocks`` (a reproduction of ``NAME/BLOCK`` adds its rows to the table of the blocks run before), the plotted
+    numbers as floats."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("block") not in blocks]
+    for row in rows:
+        for k, v in row.items():
+            if k.endswith((" (mean)", " (std)")) and v:
+                row[k] = float(v)
+    return [{k: v for k, v in r.items() if v != ""} for r in rows]
+
+
+def _in_block_order(exp: Experiment, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` in the order of the experiment's blocks (stable within a block)."""
+    order = {b.name: i for i, b in enumerate(exp.blocks)}
+    return sorted(rows, key=lambda r: order.get(r["block"], len(order)))
+
+
+def _grid_values(exp: Experiment, block: str, point: str) -> dict[str, str]:
+    """The grid values of the point named ``point`` in ``block``, by short key (as :func:`tables` records them)."""
+    for b in exp.blocks:
+        for p in b.points() if b.name == block else ():
+            if slug(p) == point:
+                return {k.split(".")[-1]: v.strip('"') for k, v in p}
+    return {}
 
 
 def paired_difference(
@@ -141,8 +176,9 @@ def verdict(claim: Claim, diff: Mapping[str, Any]) -> str:
     return "reproduced" if inside else "not reproduced" if outside else "not settled (interval spans the claim)"
 
 
-def _paired_tables(runs: list[Run], exp: Experiment, folder: Path) -> None:
-    """paired.md and paired.csv: every point against its reference point, for each of the experiment's metrics."""
+def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except: set[str]) -> None:
+    """paired.md and paired.csv: every point against its reference point, for each of the experiment's metrics;
+    the rows of an earlier ``paired.csv`` for blocks other than ``keep_except`` are kept."""
     assert exp.reference is not None
     by_point: dict[tuple[str, Point], dict[int, Path]] = {}
     for r in runs:
@@ -174,6 +210,7 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path) -> None:
                         **diff,
                     }
                 )
+    rows = _in_block_order(exp, _earlier_rows(folder / "paired.csv", keep_except) + rows)
     cols = [
         "block",
         "point",
