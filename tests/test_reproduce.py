@@ -434,6 +434,13 @@ def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):
     (folder / "choices.json").write_text(json.dumps({"quick": True, "choices": choices}))
     for r in rp.plan(["on-a"], out=out, seeds=None, quick=True, registry=registry):
         assert r.cfg.method.lr == float(choices[f"a/{slug(r.point)}"]["method.lr"])
+    # tuning one point again keeps the other's choice (a block or a session at a time)
+    again = [r for r in runs if dict(r.point)["federation.clients_per_round"] == "2"]
+    assert rp.execute(again) == []
+    rp.choose(again, out=out, quick=True, registry=registry)
+    record = json.loads((folder / "choices.json").read_text())
+    assert record["choices"]["a/clients_per_round=3"] == {"method.lr": "0.01"}  # kept as it was
+    assert set(record["choices"]) == set(choices) and set(record["scores"]) == {"a/clients_per_round=2"}
     with pytest.raises(ValueError, match="on-c: its tuning stage is on block 'c', which is not a block of it"):
         rp.Experiment("on-c", "x", blocks, tuning=rp.Tuning(grid=tuning.grid, on="c"))
 

@@ -67,10 +67,10 @@ def tuning_dir(out: Path, name: str) -> Path:
     return Path(out) / name / "tuning"
 
 
-def load_choices(name: str, *, out: Path, quick: bool) -> dict[str, dict[str, str]]:
-    """The chosen overrides of experiment ``name`` by point (``block/point``): from ``OUT/NAME/tuning/choices.json``
-    when the output folder has its own made at this scale (``--quick`` or not), else the committed
-    ``configs/tuned/NAME.json``, else none."""
+def choices_record(name: str, *, out: Path, quick: bool) -> dict[str, Any]:
+    """The tuning record (``choices``, ``scores``, ...) of experiment ``name`` that its runs use: the output
+    folder's own ``OUT/NAME/tuning/choices.json`` when made at this scale (``--quick`` or not), else the committed
+    ``configs/tuned/NAME.json``, else none (``{}``)."""
     for path in (tuning_dir(out, name) / CHOICES, Path(config_path(f"{COMMITTED}/{name}.json"))):
         if not path.exists():
             continue
@@ -78,10 +78,16 @@ def load_choices(name: str, *, out: Path, quick: bool) -> dict[str, dict[str, st
             record = json.loads(path.read_text())
             if path.parent != Path(config_path(COMMITTED)) and bool(record["quick"]) != quick:
                 continue  # choices of the other scale in this output folder
-            return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in record["choices"].items()}
+            record["choices"] = {str(k): {str(a): str(b) for a, b in v.items()} for k, v in record["choices"].items()}
+            return record
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{path} is not a tuning choices file ({err}); delete it or run --tune again.") from None
     return {}
+
+
+def load_choices(name: str, *, out: Path, quick: bool) -> dict[str, dict[str, str]]:
+    """The chosen overrides of experiment ``name`` by point (``block/point``), from :func:`choices_record`."""
+    return choices_record(name, out=out, quick=quick).get("choices", {})
 
 
 def _has(cfg: Any, key: str) -> bool:

@@ -20,7 +20,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fedtailor.fl.experiments import EXPERIMENTS, Experiment
-from fedtailor.reproduce.plan import CHOICES, Run, everything, resolve, tuned_keys, tuning_dir, unit_key
+from fedtailor.reproduce.plan import (
+    CHOICES,
+    Run,
+    choices_record,
+    everything,
+    resolve,
+    tuned_keys,
+    tuning_dir,
+    unit_key,
+)
 from fedtailor.rundir import point_dir, read_results, slug
 
 log = logging.getLogger(__name__)
@@ -108,12 +117,24 @@ def choose(runs: list[Run], *, out: Path, quick: bool, registry: Mapping[str, Ex
                 continue
             best = max(ranked, key=by_values.__getitem__)  # max keeps the first of equals
             choices[unit] = next(row["values"] for row in rows if row["point"] == unit and row["tuning"] == best)
+        # points tuned before and not now (another block, an earlier session) keep their choices and scores
+        earlier = choices_record(name, out=out, quick=quick)
+        kept = [u for u in earlier.get("choices", {}) if u not in scores] if earlier.get("quick") == quick else []
+        choices = {**{u: earlier["choices"][u] for u in kept}, **choices}
+        scores = {**{u: earlier["scores"][u] for u in kept if u in earlier.get("scores", {})}, **scores}
+        folder = tuning_dir(out, name)
+        if (folder / "tuning.csv").exists():
+            with (folder / "tuning.csv").open(newline="") as f:
+                rows = [  # "values" only says whether the row was the chosen one (the writer compares them)
+                    {**r, "seed": int(r["seed"]), "values": choices[r["point"]] if r["chosen"] == "True" else {}}
+                    for r in csv.DictReader(f)
+                    if r["point"] in kept
+                ] + rows
         # a choice on the first or last value of a grid key may lie outside the grid's reach: widen the grid there
         edges = {k: (v[0], v[-1]) for k, v in tuning.grid}
         at_edge = sorted(u for u, c in choices.items() if any(c[k] in edges[k] for k in c if len(set(edges[k])) > 1))
         for unit in at_edge:
             log.warning("tuning %s/%s: the choice %s is at the edge of the grid", name, unit, choices[unit])
-        folder = tuning_dir(out, name)
         folder.mkdir(parents=True, exist_ok=True)
         record = {
             "experiment": name,

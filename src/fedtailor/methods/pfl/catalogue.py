@@ -130,25 +130,15 @@ register_experiment(
         "warm-up 15, 20,000 records), record-level DP-SGD at eps 1, 4, 8 and without noise, client-level DP "
         "(each client's own noise) at eps 1, 4, 8, and FedAvg's client-level release over LRSUQ at eps 8",
         (
-            Block(
-                "record",
-                "configs/fedlag/mnist-dnn-alpha10.toml",
-                (
-                    ("method.name", DP_BASES),
-                    ("method.fedlag.top_k", ("0", "2")),
-                    ("method.record_dp.epsilon", ("1", "4", "8", "inf")),
-                ),
-                (*DP_REDUCED, 'method.record_dp.randomness="simulation"'),
-            ),
-            Block(
-                "client",
-                "configs/fedlag/mnist-dnn-alpha10.toml",
-                (
-                    ("method.name", DP_BASES),
-                    ("method.fedlag.top_k", ("0", "2")),
-                    ("method.client_dp.epsilon", ("1", "4", "8")),
-                ),
-                (*DP_REDUCED, 'method.client_dp.randomness="simulation"'),
+            *(  # one block per granularity and base, so that a session can finish one (NAME/BLOCK) at a time
+                Block(
+                    f"{level}-{base}",
+                    "configs/fedlag/mnist-dnn-alpha10.toml",
+                    (("method.fedlag.top_k", ("0", "2")), (f"method.{level}_dp.epsilon", epsilons)),
+                    (*DP_REDUCED, f'method.name="{base}"', f'method.{level}_dp.randomness="simulation"'),
+                )
+                for level, epsilons in (("record", ("1", "4", "8", "inf")), ("client", ("1", "4", "8")))
+                for base in DP_BASES
             ),
             Block(
                 "client-lrsuq",
@@ -160,6 +150,7 @@ register_experiment(
         quick=("federation.rounds=4", "method.fedlag.warmup=2", "data.limit=4000"),
         metrics=("seen/accuracy",),
         tuning=DP_TUNING,
+        reference=("method.fedlag.top_k", "0"),  # FedLAG's gain at each eps: each base with it against without
     ),
     module=__name__,
 )
