@@ -369,6 +369,22 @@ def test_a_reproduction_of_one_block_adds_its_rows_to_the_tables_of_the_others(t
     assert [r["block"] for r in rows] == ["a", "a", "b", "b"]
 
 
+def test_a_table_counts_over_seeds_the_layers_fedlag_made_personal(tmp_path, tiny):
+    """A metric each run reports as a list of names (``fedlag_personal``) becomes a cell counting, for each name,
+    the seeds that chose it."""
+    block = rp.Block("lag", tiny[0], sets=("method.fedlag.top_k=1", "method.fedlag.warmup=1"))
+    metrics = ("seen/accuracy", "fedlag_personal")
+    exp = rp.Experiment("lag", "FedLAG", (block,), quick=("federation.rounds=2",), metrics=metrics)
+    runs = rp.plan(["lag"], out=tmp_path, seeds=[1, 2, 3], quick=True, registry={"lag": exp})
+    assert rp.execute(runs) == []
+    chosen = [json.loads((r.out / "results.json").read_text())["method_summary"]["fedlag_personal"] for r in runs]
+    assert all(len(c) == 1 for c in chosen)
+    folder = rp.tables(runs, out=tmp_path, registry={"lag": exp})[0]
+    cell = next(csv.DictReader((folder / "table.csv").open()))["fedlag_personal"]
+    counts = {name: f"{sum(name in c for c in chosen)}/3" for c in chosen for name in c}
+    assert cell == ", ".join(f"{n} {k}" for n, k in sorted(counts.items()))
+
+
 def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path, tiny):
     """The tuning stage runs every (point, step size) on a validation split, chooses per point the step with the
     best validation accuracy, and the experiment's runs then use it; a failed tuning run is never chosen."""

@@ -14,6 +14,7 @@ import csv
 import html
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             stats = aggregate_seeds(dirs)
             row = {"block": block, "point": point, "seeds": len(dirs)}
             row.update(seed_cells(stats, exp.metrics))
+            row.update(_listed_cells(dirs, exp.metrics))
             for m in exp.metrics:  # the numbers the plots draw, accuracies in percent
                 if m in stats:
                     scale = 100.0 if is_accuracy(m) else 1.0
@@ -71,6 +73,18 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
         folders.append(folder)
     return folders
+
+
+def _listed_cells(dirs: list[Path], metrics: tuple[str, ...]) -> dict[str, str]:
+    """The cells of the metrics each run reports as a list of names (FedLAG's personal layers,
+    ``fedlag_personal``): how many of the seeds chose each name, e.g. ``fc.bias 3/3, fc1.bias 2/3``."""
+    cells = {}
+    for metric in metrics:
+        lists = [read_results(d).get("method_summary", {}).get(metric) for d in dirs]
+        if lists and all(isinstance(v, list) for v in lists):
+            counts = Counter(str(name) for v in lists for name in v)
+            cells[metric] = ", ".join(f"{n} {c}/{len(lists)}" for n, c in sorted(counts.items())) or "none"
+    return cells
 
 
 def _earlier_rows(path: Path, blocks: set[str]) -> list[dict[str, Any]]:

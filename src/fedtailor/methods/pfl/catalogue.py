@@ -148,7 +148,7 @@ register_experiment(
             ),
         ),
         quick=("federation.rounds=4", "method.fedlag.warmup=2", "data.limit=4000"),
-        metrics=("seen/accuracy",),
+        metrics=("seen/accuracy", "fedlag_personal"),  # which layers FedLAG made personal, by eps
         tuning=DP_TUNING,
         reference=("method.fedlag.top_k", "0"),  # FedLAG's gain at each eps: each base with it against without
     ),
