@@ -146,14 +146,20 @@ def matmul_rate(device: torch.device) -> float:
     return 2 * 2048**3 / best
 
 
-def check_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> None:
-    """Per tensor, ``||got - want|| <= 1e-2 ||want - start||`` (1% of the round update) plus a float floor: float32
-    rounding differences grow over a round of ~250 SGD steps (0.2% on the CNN conv2), at any thread count."""
+TOLERANCE = 1e-2  # of the round update's norm, per tensor
+
+
+def difference(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> float:
+    """The largest ``(||got - want|| - floor) / ||want - start||`` over the tensors: the distance between two paths'
+    models after a round as a share of the round's update, less a float floor of ``1e-6 sqrt(numel)``. Float32
+    rounding differences grow over a round of ~250 SGD steps (0.2% on the CNN conv2 on the CPU, at any thread
+    count); :data:`TOLERANCE` bounds them."""
+    worst = 0.0
     for n, w in want.items():
-        diff = float((got[n].double().cpu() - w.double().cpu()).norm())
+        diff = float((got[n].double().cpu() - w.double().cpu()).norm()) - 1e-6 * w.numel() ** 0.5
         update = float((w.double().cpu() - start[n].double().cpu()).norm())
-        if diff > 1e-2 * update + 1e-6 * w.numel() ** 0.5:
-            raise AssertionError(f"{n}: the paths differ by {diff:.3g} in norm, the round update is {update:.3g}")
+        worst = max(worst, diff / update if update > 0 else (0.0 if diff <= 0 else float("inf")))
+    return worst
 
 
 def main() -> None:
@@ -167,7 +173,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="worker processes of the workers path (0: leave it out)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    rows, notes = [], []
+    # float32 arithmetic on every path: cuDNN's convolutions would otherwise run in TF32 on a GPU
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    rows, notes, far = [], [], []
     rate = matmul_rate(torch.device(args.device))
     for model in args.models.split(","):
         for alpha in args.alphas.split(","):
@@ -195,12 +203,14 @@ def main() -> None:
             else:
                 del paths["workers"]
             times: dict[str, list[float]] = {k: [] for k in [*paths, "pfllib"]}
+            apart: dict[str, float] = dict.fromkeys(paths, 0.0)  # each path's largest difference from the loop
             start = fast.base.init_server().params
             for rnd in range(1, args.repeat + 2):
                 c, tc = pfllib_round(slow.base, setup, rnd, host)
                 for k, m in paths.items():
                     a, ta = our_round(m, setup, rnd)
-                    check_same(a, c, start)  # same batches and arithmetic: the same model to float rounding
+                    # same batches and arithmetic: the same model to float rounding
+                    apart[k] = max(apart[k], difference(a, c, start))
                     if rnd > 1:  # the first round warms up
                         times[k].append(ta)
                 if rnd > 1:
@@ -224,7 +234,9 @@ def main() -> None:
             row["batched / floor"] = med["batched"] / floor
             row["batched us/record"] = 1e6 * med["batched"] / records
             row["conflict scoring (% of batched round)"] = 100 * score / med["batched"]
+            row.update({f"{k} apart (% of update)": 100 * d for k, d in apart.items()})
             rows.append(row)
+            far += [f"{model} alpha {alpha} {k}: {100 * d:.2f}%" for k, d in apart.items() if d > TOLERANCE]
             notes.append(
                 f"- {model}, alpha {alpha}: client training sizes {sizes[0]}..{sizes[-1]} "
                 f"(median {sizes[len(sizes) // 2]}), conflict scoring {1e3 * score:.1f} ms{workers}"
@@ -232,6 +244,8 @@ def main() -> None:
     where = f"{args.threads} threads" if setup.device.type == "cpu" else torch.cuda.get_device_name(setup.device)
     notes.append(f"- one large matmul (2048^3): {rate / 1e9:.1f} GFLOP/s, the rate the floors assume")
     report(f"FedAvg round of the FedLAG setup: 20 MNIST clients, batch 16, {where}", rows, notes="\n".join(notes))
+    if far:  # after the table, so that a run's times and differences are kept either way
+        sys.exit(f"paths apart from the PFLlib-style loop by more than {100 * TOLERANCE:g}% of the update: {far}")
 
 
 if __name__ == "__main__":
