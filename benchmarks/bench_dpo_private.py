@@ -4,7 +4,10 @@
   pair-level DP-SGD step of ``[method.record_dp]`` (:mod:`fedtailor.lm.dpsgd`: a forward and backward per pair,
   each pair's gradient clipped jointly over base and adapter, the client's Gaussian noise for every trained
   tensor, AdamW), and the noise draw on its own (secure: ChaCha20 and Opacus secure mode's sum of four);
-* peak memory (max RSS) of a process that loads the model and takes three private steps.
+* the same clipped sum by Opacus's ``GradSampleModule`` (per-sequence gradients by hooks, summed per pair),
+  checked equal to ours;
+* peak memory (``VmHWM``) of a fresh process that loads the model and takes one private step (``--memory-only``:
+  that alone).
 
     python benchmarks/bench_dpo_private.py [--threads 2] [--steps 3] [--precision fp32]
 """
@@ -44,11 +47,37 @@ def setup(precision: str):
     return model, params, tokens, ref
 
 
+def opacus_clipped_sum(
+    model, params, tokens, ref, idx: torch.Tensor, *, beta: float, clip: float, precision: str
+) -> dict[str, torch.Tensor]:
+    """The clipped sum of ``clipped_pair_sum`` by Opacus's ``GradSampleModule``: one forward and backward over the
+    2B sequences with per-sequence gradients (its hooks; functorch for modules without a grad sampler, such as
+    the RMS norms), each pair's gradient the sum of its two sequences', clipped jointly over every trained
+    tensor."""
+    from opacus import GradSampleModule
+
+    gsm = GradSampleModule(model, batch_first=True, loss_reduction="sum")
+    try:
+        for p in params.values():
+            p.grad = p.grad_sample = None
+        b = len(idx)
+        (dpo_on(gsm, tokens, ref, idx, beta=beta, precision=precision).loss * b).backward()  # the loss as a sum
+        pairs = {n: p.grad_sample[:b] + p.grad_sample[b:] for n, p in params.items() if p.grad_sample is not None}
+        norms = torch.sqrt(sum(g.reshape(b, -1).double().pow(2).sum(1) for g in pairs.values()))
+        scale = (clip / norms).clamp(max=1.0).float()
+        return {n: torch.einsum("b,b...->...", scale, g) for n, g in pairs.items()}
+    finally:
+        gsm._close()
+        for p in params.values():
+            p.grad = None
+
+
 def measure(steps: int, precision: str) -> dict[str, float]:
     model, params, tokens, ref = setup(precision)
     model.train()
     opt = torch.optim.AdamW(list(params.values()), lr=1e-4, weight_decay=0.0)
-    plain, private, noise, clip_only = [], [], [], []
+    plain, private, noise, clip_only, opacus = [], [], [], [], []
+    apart = 0.0  # the largest relative distance between Opacus's clipped sum and ours, over tensors and steps
     key = fresh_key()
     for s in range(steps + 1):  # the first of each is a warm-up
         idx = torch.arange(4 * s, 4 * s + 4) % len(ref)
@@ -58,39 +87,50 @@ def measure(steps: int, precision: str) -> dict[str, float]:
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
         t1 = time.perf_counter()
-        clipped_pair_sum(model, params, tokens, ref, idx, beta=0.2, clip=1.0, precision=precision)
+        ours, _ = clipped_pair_sum(model, params, tokens, ref, idx, beta=0.2, clip=1.0, precision=precision)
         t2 = time.perf_counter()
+        theirs = opacus_clipped_sum(model, params, tokens, ref, idx, beta=0.2, clip=1.0, precision=precision)
+        t3 = time.perf_counter()
+        # at the same parameters as ours: the two sums must agree
+        assert set(theirs) == set(ours), "Opacus and fedtailor clip different tensors"
+        apart = max(apart, *(float((theirs[n] - g).norm() / g.norm().clamp(min=1e-30)) for n, g in ours.items()))
+        t4 = time.perf_counter()
         for i, p in enumerate(params.values()):
             np.asarray(secure_gaussian_noise(key, "noise", s, i, sigma=1.0, size=p.numel()))
-        t3 = time.perf_counter()
+        t5 = time.perf_counter()
         private_dpo_steps(
             model, params, opt, tokens, ref, steps=1, batch_size=4, beta=0.2, clip=1.0, noise_multiplier=1.0,
             key=fresh_key(), precision=precision,
         )  # fmt: skip
-        t4 = time.perf_counter()
+        t6 = time.perf_counter()
         if s:
             plain.append(t1 - t0)
             clip_only.append(t2 - t1)
-            noise.append(t3 - t2)
-            private.append(t4 - t3)
+            opacus.append(t3 - t2)
+            noise.append(t5 - t4)
+            private.append(t6 - t5)
     return {
         "plain step s": statistics.median(plain),
         "per-pair clipped sum s": statistics.median(clip_only),
         "noise s": statistics.median(noise),
         "private step s": statistics.median(private),
+        "opacus clipped sum s": statistics.median(opacus),
+        "opacus apart": apart,
         "trained parameters": sum(p.numel() for p in params.values()),
     }
 
 
 def peak_memory(steps: int, precision: str) -> float:
+    """The peak resident memory (MB) of a fresh process that loads the model and takes ``steps`` private steps:
+    its ``VmHWM`` (``ru_maxrss`` would carry over the parent's resident size from before the exec)."""
     code = (
-        "import json, resource, sys; sys.path.insert(0, 'benchmarks'); import bench_dpo_private as b; "
+        "import json, sys; sys.path.insert(0, 'benchmarks'); import bench_dpo_private as b; "
         f"m, p, t, r = b.setup({precision!r}); m.train(); import torch; "
         "opt = torch.optim.AdamW(list(p.values()), lr=1e-4, weight_decay=0.0); "
         "from fedtailor.lm.dpsgd import private_dpo_steps; from fedtailor.rng import fresh_key; "
         f"private_dpo_steps(m, p, opt, t, r, steps={steps}, batch_size=4, beta=0.2, clip=1.0, noise_multiplier=1.0, "
         f"key=fresh_key(), precision={precision!r}); "
-        "print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))"
+        "print(json.dumps(next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM')) / 1024))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -101,14 +141,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--memory-only", action="store_true", help="only the peak memory of a private step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.memory_only:
+        mb = peak_memory(1, args.precision)
+        report(
+            f"Peak memory of a private pFedDPO step on SmolLM2-135M + LoRA ({args.precision})",
+            [{"process": "load, reference log-probs of 16 pairs, one private step", "peak RSS (MB)": mb}],
+            notes="VmHWM of a fresh process",
+        )
+        return
     m = measure(args.steps, args.precision)
     rows = [
         {"step": "plain pFedDPO (batch 4, AdamW)", "seconds": m["plain step s"], "vs plain": 1.0},
         {"step": "per-pair clipped sum (4 pairs)", "seconds": m["per-pair clipped sum s"]},
         {"step": "secure noise, every trained tensor", "seconds": m["noise s"]},
         {"step": "private pFedDPO (DP-SGD, AdamW)", "seconds": m["private step s"]},
+        {"step": "Opacus GradSampleModule: the same clipped sum", "seconds": m["opacus clipped sum s"]},
     ]
     for r in rows:
         r["vs plain"] = r["seconds"] / m["plain step s"]
@@ -117,7 +167,9 @@ def main() -> None:
         f"Private pFedDPO step on SmolLM2-135M + LoRA ({m['trained parameters']:,} trained parameters, "
         f"{args.precision}, {args.threads} threads)",
         rows,
-        notes="median of the steps after a warm-up; the last row is megabytes, not seconds",
+        notes="median of the steps after a warm-up; the last row is megabytes, not seconds; Opacus's clipped sum "
+        f"is {m['opacus apart']:.2g} apart from ours (largest ||theirs - ours|| / ||ours|| over tensors and steps); "
+        f"Opacus / fedtailor clipped sum {m['opacus clipped sum s'] / m['per-pair clipped sum s']:.2f}",
     )
     print(json.dumps(m))
 
