@@ -122,7 +122,7 @@ def measure(steps: int, precision: str) -> dict[str, float]:
 
 def peak_memory(steps: int, precision: str) -> float:
     """The peak resident memory (MB) of a fresh process that loads the model and takes ``steps`` private steps:
-    its ``VmHWM`` (``ru_maxrss`` would carry over the parent's resident size from before the exec)."""
+    its own (:func:`harness.peak_rss_mb`)."""
     code = (
         "import json, sys; sys.path.insert(0, 'benchmarks'); import bench_dpo_private as b; "
         f"m, p, t, r = b.setup({precision!r}); m.train(); import torch; "
@@ -130,7 +130,7 @@ def peak_memory(steps: int, precision: str) -> float:
         "from fedtailor.lm.dpsgd import private_dpo_steps; from fedtailor.rng import fresh_key; "
         f"private_dpo_steps(m, p, opt, t, r, steps={steps}, batch_size=4, beta=0.2, clip=1.0, noise_multiplier=1.0, "
         f"key=fresh_key(), precision={precision!r}); "
-        "print(json.dumps(next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM')) / 1024))"
+        "from harness import peak_rss_mb; print(json.dumps(peak_rss_mb()))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import report
+from harness import peak_rss_mb, report
 
 from fedtailor.lm.dpo import dpo_loss
 from fedtailor.lm.model import add_lora, load_causal_lm
@@ -106,7 +105,7 @@ def round_time(n: int, *, diagnostics: bool, threads: int, precision: str, spill
     record = _fit_round(method, state, InProcess(method, clients, state.clients), 1, np.arange(n))
     return {
         "seconds": time.perf_counter() - t0,
-        "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "maxrss_mb": peak_rss_mb(),  # this child's own peak, not its parent's carried over the exec
         **{k: v for k, v in record.items() if k.startswith("kappa")},
     }
 

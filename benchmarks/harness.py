@@ -31,6 +31,20 @@ def machine() -> str:
     )
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: ``VmHWM`` of ``/proc/self/status`` on Linux (its own memory
+    since its last exec; ``ru_maxrss`` would carry over the parent's resident size from before the exec), else
+    ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        import resource
+
+        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KB elsewhere
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
 def time_call(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeat`` runs after ``warmup`` runs."""
     for _ in range(warmup):
