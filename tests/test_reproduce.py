@@ -457,6 +457,16 @@ def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):
     record = json.loads((folder / "choices.json").read_text())
     assert record["choices"]["a/clients_per_round=3"] == {"method.lr": "0.01"}  # kept as it was
     assert set(record["choices"]) == set(choices) and set(record["scores"]) == {"a/clients_per_round=2"}
+    # a block named with --tune is tuned even so, and its own choices come before the fallback
+    assert {r.block for r in rp.plan_tuning(["on-a/b"], out=out, quick=True, registry=registry)} == {"tuning/b"}
+    own = {**record["choices"], "b/clients_per_round=3": {"method.lr": "0.5"}}
+    (folder / "choices.json").write_text(json.dumps({"quick": True, "choices": own}))
+    lrs = {
+        (r.block, slug(r.point)): r.cfg.method.lr
+        for r in rp.plan(["on-a"], out=out, seeds=None, quick=True, registry=registry)
+    }
+    assert lrs[("b", "clients_per_round=3")] == 0.5 and lrs[("a", "clients_per_round=3")] == 0.01
+    assert lrs[("b", "clients_per_round=2")] == float(own["a/clients_per_round=2"]["method.lr"])
     with pytest.raises(ValueError, match="on-c: its tuning stage is on block 'c', which is not a block of it"):
         rp.Experiment("on-c", "x", blocks, tuning=rp.Tuning(grid=tuning.grid, on="c"))
 

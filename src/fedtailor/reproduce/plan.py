@@ -181,8 +181,11 @@ def plan(
                 for seed in run_seeds:
                     after = seed_dir(out / name / block.needs, seed) if block.needs else None
                     fixed = [v.replace("{needs}", str(after)) for v in block.sets]
-                    tuned_on = block.name if exp.tuning is None or exp.tuning.on is None else exp.tuning.on
-                    chosen = tuned.get(unit_key(tuned_on, point), {}) if block.needs is None else {}
+                    # the point's own choice, else (Tuning.on) that of the same point in the block tuned for all
+                    on = None if exp.tuning is None else exp.tuning.on
+                    own = tuned.get(unit_key(block.name, point))
+                    fallback = tuned.get(unit_key(on, point), {}) if on is not None else {}
+                    chosen = (own if own is not None else fallback) if block.needs is None else {}
                     sets = [
                         *fixed,
                         *(exp.quick if quick else ()),

@@ -52,8 +52,8 @@ def plan_tuning(
         for block in exp.blocks:
             if (only and block.name not in only.split(",")) or block.needs is not None:
                 continue
-            if tuning.on is not None and block.name != tuning.on:
-                continue  # every block runs with the choices made on this one
+            if tuning.on is not None and not only and block.name != tuning.on:
+                continue  # the other blocks use the choices made on this one, unless named (NAME/BLOCK)
             fixed = tuned & {s.partition("=")[0] for s in block.sets} | tuned & {k for k, _ in block.grid}
             if fixed:
                 raise ValueError(f"{name}/{block.name} sets {sorted(fixed)[0]}, which its tuning stage tunes.")

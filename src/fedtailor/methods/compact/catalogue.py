@@ -78,8 +78,9 @@ CONTROLS_CLAIMS = (
     ),
 )
 COMPACT_TUNING = Tuning(grid=(("method.lr", ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")),))
-# Table 1's variants are tuned at eps 16 only and keep that step at eps 4, 8 and 32: 36 tuning runs instead of 144
-# (2.5 CPU-minutes each here); docs/compact.md states it beside the table
+# Table 1 is tuned at eps 16 (36 tuning runs instead of 144, 2.5 CPU-minutes each here) and an eps without choices
+# of its own runs with those steps; they do not transfer to eps 4 (docs/RESULTS.md), which is tuned on its own
+# with `--tune compact-table1-mnist/eps4`
 TABLE1_TUNING = Tuning(grid=COMPACT_TUNING.grid, on="eps16")
 
 
