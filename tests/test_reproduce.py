@@ -362,6 +362,8 @@ def test_a_reproduction_of_one_block_adds_its_rows_to_the_tables_of_the_others(t
 
     first_b, _ = tables("two/b")
     assert [(r["block"], r["point"]) for r in first_b] == [("b", "lr=0.05"), ("b", "lr=0.2")]
+    with (out / "two" / "table.csv").open("a") as f:  # a row of a block the experiment no longer has
+        f.write("gone," + ",".join(["x"] * (len(first_b[0]) - 1)) + "\n")
     rows, paired = tables("two/a")
     assert [r["block"] for r in rows] == ["a", "a", "b", "b"] and rows[2:] == first_b  # b's rows as they were
     assert sorted({p for p in paired if p[1] == "lr=0.2"}) == [("a", "lr=0.2"), ("b", "lr=0.2")]

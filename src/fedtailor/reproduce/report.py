@@ -53,7 +53,7 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         now = {r.block for r in runs if r.experiment == name}
-        rows = _in_block_order(exp, _earlier_rows(folder / "table.csv", now) + rows)
+        rows = _in_block_order(exp, _earlier_rows(folder / "table.csv", exp, now) + rows)
         for row in rows:
             if (row["block"], row["point"]) not in values:  # a row kept from an earlier reproduction
                 values[(row["block"], row["point"])] = _grid_values(exp, row["block"], row["point"])
@@ -87,14 +87,15 @@ def _listed_cells(dirs: list[Path], metrics: tuple[str, ...]) -> dict[str, str]:
     return cells
 
 
-def _earlier_rows(path: Path, blocks: set[str]) -> list[dict[str, Any]]:
-    """The rows of an earlier ``table.csv`` or ``paired.csv`` in the output folder for blocks other than
-    ``blocks`` (a reproduction of ``NAME/BLOCK`` adds its rows to the table of the blocks run before), the plotted
-    numbers as floats."""
+def _earlier_rows(path: Path, exp: Experiment, blocks: set[str]) -> list[dict[str, Any]]:
+    """The rows of an earlier ``table.csv`` or ``paired.csv`` in the output folder for the experiment's blocks other
+    than ``blocks`` (a reproduction of ``NAME/BLOCK`` adds its rows to the table of the blocks run before; a block
+    the experiment no longer has is dropped), the plotted numbers as floats."""
     if not path.exists():
         return []
+    keep = {b.name for b in exp.blocks} - blocks
     with path.open(newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r.get("block") not in blocks]
+        rows = [r for r in csv.DictReader(fh) if r.get("block") in keep]
     for row in rows:
         for k, v in row.items():
             if k.endswith((" (mean)", " (std)")) and v:
@@ -105,7 +106,7 @@ def _earlier_rows(path: Path, blocks: set[str]) -> list[dict[str, Any]]:
 def _in_block_order(exp: Experiment, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` in the order of the experiment's blocks (stable within a block)."""
     order = {b.name: i for i, b in enumerate(exp.blocks)}
-    return sorted(rows, key=lambda r: order.get(r["block"], len(order)))
+    return sorted(rows, key=lambda r: order[r["block"]])
 
 
 def _grid_values(exp: Experiment, block: str, point: str) -> dict[str, str]:
@@ -224,7 +225,7 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_excep
                         **diff,
                     }
                 )
-    rows = _in_block_order(exp, _earlier_rows(folder / "paired.csv", keep_except) + rows)
+    rows = _in_block_order(exp, _earlier_rows(folder / "paired.csv", exp, keep_except) + rows)
     cols = [
         "block",
         "point",
