@@ -28,7 +28,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/RESULTS.md", "docs/compact.md", "docs/pfeddpo.md", "docs/fedlag.md", "docs/codecs.md")
+DOCS = (
+    "README.md",
+    "docs/RESULTS.md",
+    "docs/compact.md",
+    "docs/pfeddpo.md",
+    "docs/fedlag.md",
+    "docs/codecs.md",
+    "docs/privacy.md",
+)
 START = re.compile(r"^<!-- generated: (?P<key>[\w./=-]+) -->$")
 END = "<!-- end generated -->"
 RESULTS_DIR = "docs/results"
@@ -403,6 +411,64 @@ def fedlag_section(experiment: str, tag: str) -> Callable[[Path], str]:
     return render
 
 
+DP_BASES = {"fedavg": "FedAvg", "fedper": "FedPer", "ditto": "Ditto"}
+DP_LEVELS = {"record": "record-level DP-SGD", "client": "client-level (each client's noise)"}
+
+
+def _dp_points(root: Path) -> dict[str, dict[str, dict[str, str]]]:
+    """``dp-utility-mnist/table.csv`` by block, then by point slug (``top_k=0_epsilon=1``)."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for r in read_csv(root, f"{RESULTS_DIR}/dp-utility-mnist/table.csv"):
+        out.setdefault(r["block"], {})[r["point"]] = r
+    return out
+
+
+def dp_utility(root: Path) -> str:
+    """Seen accuracy (mean +- std over seeds) of each base with and without FedLAG at each eps, per block of
+    ``dp-utility-mnist`` that has finished."""
+    blocks = _dp_points(root)
+    epsilons = ("1", "4", "8", "inf")
+    body = []
+    for level, level_name in DP_LEVELS.items():
+        for base, base_name in DP_BASES.items():
+            rows = blocks.get(f"{level}-{base}")
+            for top_k, lag in (("0", ""), ("2", " + FedLAG")):
+                if rows is None:
+                    continue
+                cells = []
+                for eps in epsilons:
+                    row = rows.get(f"top_k={top_k}_epsilon={eps}")
+                    cells.append(pm(*mean_std(row, SEEN)) if row else "-")
+                body.append([level_name, base_name + lag, *cells])
+    return table(["DP", "method", "eps 1", "eps 4", "eps 8", "no noise (clip only)"], body)
+
+
+def dp_utility_fedlag(root: Path) -> str:
+    """FedLAG against its base at each eps (``paired.csv``: by seed, t interval) and the layers it made personal
+    (``table.csv``: in how many seeds each)."""
+    blocks = _dp_points(root)
+    paired = read_csv(root, f"{RESULTS_DIR}/dp-utility-mnist/paired.csv")
+    body = []
+    for r in paired:
+        if r["metric"] != SEEN or "top_k=2" not in r["point"]:
+            continue
+        eps = r["point"].split("epsilon=")[1]
+        row = blocks[r["block"]][r["point"]]
+        level, base = r["block"].split("-", 1)
+        body.append(
+            [
+                f"{DP_BASES[base]}, {level}",
+                "no noise" if eps == "inf" else eps,
+                r["mean"],
+                r["seeds ci95"],
+                r["per seed"],
+                row.get("fedlag_personal", "-"),
+            ]
+        )
+    header = ["base, DP", "eps", "FedLAG minus base (Seen, points)", "95% CI (seeds)", "per seed", "personal layers"]
+    return table(header, body)
+
+
 def fedlag_adversary(root: Path) -> str:
     rows = read_csv(root, f"{RESULTS_DIR}/fedlag-adversary/adversary.csv")
     header = [h for h in rows[0] if h not in ("clients", "warmup", "run s")]
@@ -523,6 +589,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fedlag-fmnist-reduced/alpha01": fedlag_section("fedlag-fmnist-reduced", "alpha01"),
     "fedlag-fmnist-reduced/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10"),
     "fedlag-adversary": fedlag_adversary,
+    "dp-utility": dp_utility,
+    "dp-utility-fedlag": dp_utility_fedlag,
     "pfeddpo-hh": pfeddpo_hh,
     "pfeddpo-ablations": pfeddpo_ablations,
     "bench-compact-round": bench_compact_round,
