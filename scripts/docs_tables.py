@@ -278,19 +278,23 @@ def compact_tuned(experiment: str, names: dict[str, str]) -> Callable[[Path], st
     return render
 
 
-def compact_table1_by_eps(root: Path) -> str:
-    """Table 1 of the fair re-run at every eps it has (``compact-table1-mnist-tuned/table.csv``): each variant's
-    test Seen / Future accuracy over seeds, one column per eps (the steps tuned at eps 16)."""
-    rows = points(root, "compact-table1-mnist-tuned")
-    blocks = sorted({key.split("/")[0] for key in rows}, key=lambda b: float(b.removeprefix("eps")))
-    body = []
-    for variant, name in COMPACT_VARIANTS.items():
-        cells = []
-        for block in blocks:
-            row = rows.get(f"{block}/variant={variant}")
-            cells.append(f"{pm(*mean_std(row, SEEN))} / {pm(*mean_std(row, FUTURE))}" if row else "-")
-        body.append([name, *cells])
-    return table(["variant", *[f"eps {b.removeprefix('eps')}: Seen / Future" for b in blocks]], body)
+def compact_table1_by_eps(folder: str) -> Callable[[Path], str]:
+    """Table 1 at every eps a results folder has (``docs/results/FOLDER/table.csv``): each variant's test Seen /
+    Future accuracy over seeds, one column per eps."""
+
+    def render(root: Path) -> str:
+        rows = points(root, folder)
+        blocks = sorted({key.split("/")[0] for key in rows}, key=lambda b: float(b.removeprefix("eps")))
+        body = []
+        for variant, name in COMPACT_VARIANTS.items():
+            cells = []
+            for block in blocks:
+                row = rows.get(f"{block}/variant={variant}")
+                cells.append(f"{pm(*mean_std(row, SEEN))} / {pm(*mean_std(row, FUTURE))}" if row else "-")
+            body.append([name, *cells])
+        return table(["variant", *[f"eps {b.removeprefix('eps')}: Seen / Future" for b in blocks]], body)
+
+    return render
 
 
 def compact_paired(experiment: str, names: dict[str, str]) -> Callable[[Path], str]:
@@ -579,7 +583,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-comm": compact_comm,
     "compact-table1-tuned": compact_tuned("compact-table1-mnist", TUNED_TABLE1),
     "compact-table1-tuned-paired": compact_paired("compact-table1-mnist", TUNED_TABLE1),
-    "compact-table1-tuned-by-eps": compact_table1_by_eps,
+    "compact-table1-tuned-by-eps": compact_table1_by_eps("compact-table1-mnist-tuned"),
+    "compact-table1-eps16-steps": compact_table1_by_eps("compact-table1-mnist-eps16-steps"),
     "compact-controls-tuned": compact_tuned("compact-controls-mnist", TUNED_CONTROLS),
     "compact-controls-tuned-paired": compact_paired("compact-controls-mnist", TUNED_CONTROLS),
     "compact-layer-allocation-validation": layer_allocation_validation,

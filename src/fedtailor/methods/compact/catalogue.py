@@ -79,8 +79,8 @@ CONTROLS_CLAIMS = (
 )
 COMPACT_TUNING = Tuning(grid=(("method.lr", ("0.01", "0.03", "0.1", "0.3", "1.0", "3.0")),))
 # Table 1 is tuned at eps 16 (36 tuning runs instead of 144, 2.5 CPU-minutes each here) and an eps without choices
-# of its own runs with those steps; they do not transfer to eps 4 (docs/RESULTS.md), which is tuned on its own
-# with `--tune compact-table1-mnist/eps4`
+# of its own runs with those steps; they do not transfer to eps 4 (docs/RESULTS.md), which has its own choices
+# (`--tune compact-table1-mnist/eps4`)
 TABLE1_TUNING = Tuning(grid=COMPACT_TUNING.grid, on="eps16")
 
 
