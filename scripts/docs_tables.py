@@ -436,14 +436,17 @@ def dp_utility(root: Path) -> str:
     for level, level_name in DP_LEVELS.items():
         for base, base_name in DP_BASES.items():
             rows = blocks.get(f"{level}-{base}")
-            for top_k, lag in (("0", ""), ("2", " + FedLAG")):
-                if rows is None:
-                    continue
+            if rows is None:
+                continue
+            for lag in (False, True):  # FedLAG's top_k is 2 (FedPer: 1, docs/privacy.md)
                 cells = []
                 for eps in epsilons:
-                    row = rows.get(f"top_k={top_k}_epsilon={eps}")
+                    row = next(
+                        (r for p, r in rows.items() if p.endswith(f"_epsilon={eps}") and (p[:7] != "top_k=0") == lag),
+                        None,
+                    )
                     cells.append(pm(*mean_std(row, SEEN)) if row else "-")
-                body.append([level_name, base_name + lag, *cells])
+                body.append([level_name, base_name + (" + FedLAG" if lag else ""), *cells])
     return table(["DP", "method", "eps 1", "eps 4", "eps 8", "no noise (clip only)"], body)
 
 
@@ -454,7 +457,7 @@ def dp_utility_fedlag(root: Path) -> str:
     paired = read_csv(root, f"{RESULTS_DIR}/dp-utility-mnist/paired.csv")
     body = []
     for r in paired:
-        if r["metric"] != SEEN or "top_k=2" not in r["point"]:
+        if r["metric"] != SEEN or r["point"].startswith("top_k=0"):
             continue
         eps = r["point"].split("epsilon=")[1]
         row = blocks[r["block"]][r["point"]]

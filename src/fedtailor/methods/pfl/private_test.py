@@ -152,6 +152,11 @@ def test_fedlag_scores_the_released_updates_and_refuses_unprotected_reports():
     for bad in ("method.fedlag.rechoose=true", 'method.fedlag.update="gradient"'):
         with pytest.raises(ValueError, match="unprotected reports"):
             build("fedavg", *SIM, *LAG, bad)
+    # every layer FedPer shares made personal: nothing left to release, refused before the run
+    every = len(build("fedper", *SIM, *LAG)[1].candidates)
+    assert isinstance(build("fedper", *SIM, *LAG, f"method.fedlag.top_k={every - 1}")[1], FedLAG)
+    with pytest.raises(ValueError, match=f"the private release would be empty; set method.fedlag.top_k below {every}"):
+        build("fedper", *SIM, *LAG, f"method.fedlag.top_k={every}")
 
 
 @pytest.mark.parametrize(

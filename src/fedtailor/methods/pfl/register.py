@@ -77,7 +77,7 @@ def register_base(
                 "[method.fedlag] with [method.client_dp] scores the released (noisy) updates only: rechoose and "
                 'update = "gradient" would send unprotected reports; set rechoose = false and update = "delta".'
             )
-        return FedLAG(
+        lag = FedLAG(
             base,
             top_k=f.top_k,
             xi=f.xi,
@@ -88,5 +88,11 @@ def register_base(
             choice=f.choice,
             cap=f.cap,
         )
+        if (m.client_dp or m.record_dp) is not None and 0 < f.top_k == len(lag.candidates):
+            raise ValueError(
+                f"[method.fedlag] top_k = {f.top_k} makes every layer {base.name} shares personal after the warm-up, "
+                f"so the private release would be empty; set method.fedlag.top_k below {f.top_k}."
+            )
+        return lag
 
     return register_method(name, config=config, build=build, family="pfl", data="images", fedlag=fedlag)
