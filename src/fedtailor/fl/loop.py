@@ -379,10 +379,11 @@ def _fit_round(
     verdicts = Verdicts()
     for cid, reply in transport.exchange("fit", msgs):
         came.add(cid)
+        size = reply.nbytes()  # as it came: validation may decode a codec's payload into the arrays it carries
         if accept(method, state.server, "fit", rnd, cid, reply, asked=set(order), verdicts=verdicts):
             acc = method.fold_fit(state.server, rnd, acc, cid, reply)
             accepted += 1
-            uplink += reply.nbytes()
+            uplink += size
         del reply
     del msgs
     verdicts.check(rnd, accepted)

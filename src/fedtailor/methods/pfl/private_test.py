@@ -319,6 +319,16 @@ def test_client_dp_over_an_exact_codec_sends_a_fixed_size_payload_whose_decoded_
     assert summary["codec"] == codec and all(v < 8 for k, v in summary.items() if k.startswith("bits_per"))
 
 
+def test_the_uplink_counts_the_payload_a_codec_reply_carries_not_what_it_decodes_to():
+    setup, method = build("fedavg", *LRSUQ[:2], 'method.client_dp.codec="lrsuq"', *SIM)
+    cids = [int(c) for c in setup.schedule[0]]
+    _, out = _fit(method, method.init_server(), setup, 1, cids)
+    payload = {len(out[c][0].config["payload"]) for c in cids}
+    assert len(payload) == 1  # one padded size for every client
+    result = run_federated(method, setup.clients, setup.schedule[:1], progress=False)
+    assert result.history[0]["uplink_bytes"] == len(cids) * payload.pop()
+
+
 def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
     setup, method = build("fedavg", *LRSUQ, *LAG)
     result = run_federated(method, setup.clients, setup.schedule, progress=False)
