@@ -445,9 +445,20 @@ def dp_utility(root: Path) -> str:
                         (r for p, r in rows.items() if p.endswith(f"_epsilon={eps}") and (p[:7] != "top_k=0") == lag),
                         None,
                     )
-                    cells.append(pm(*mean_std(row, SEEN)) if row else "-")
+                    cells.append(_dp_cell(row))
                 body.append([level_name, base_name + (" + FedLAG" if lag else ""), *cells])
+    if "client-lrsuq" in blocks:  # the same release as client-level FedAvg + FedLAG at eps 8, sent over LRSUQ
+        row = blocks["client-lrsuq"]["codec=lrsuq"]
+        body.append([DP_LEVELS["client"], "FedAvg + FedLAG, LRSUQ uplink", "-", "-", _dp_cell(row), "-"])
     return table(["DP", "method", "eps 1", "eps 4", "eps 8", "no noise (clip only)"], body)
+
+
+def _dp_cell(row: dict[str, str] | None) -> str:
+    """Seen accuracy over seeds, with the number of seeds where a run failed (diverged)."""
+    if row is None:
+        return "-"
+    seeds = int(row["seeds"])
+    return pm(*mean_std(row, SEEN)) + (f" ({seeds} seed{'s' if seeds > 1 else ''})" if seeds < 3 else "")
 
 
 def dp_utility_fedlag(root: Path) -> str:
@@ -467,7 +478,7 @@ def dp_utility_fedlag(root: Path) -> str:
                 f"{DP_BASES[base]}, {level}",
                 "no noise" if eps == "inf" else eps,
                 r["mean"],
-                r["seeds ci95"],
+                r["seeds ci95"] or "-",
                 r["per seed"],
                 row.get("fedlag_personal", "-"),
             ]
