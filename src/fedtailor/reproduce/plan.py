@@ -168,6 +168,7 @@ def plan(
                 f"name them as {name}/BLOCK[,BLOCK]."
             )
         tuned = load_choices(name, out=out, quick=quick) if exp.tuning is not None else {}
+        on = None if exp.tuning is None else exp.tuning.on  # the block whose choices serve the others
         run_seeds = seeds or (exp.seeds[:1] if quick else exp.seeds)
         _once(run_seeds, f"{name}: the seeds", "seed")
         known = {f"{b.name}/{slug(p)}" for b in exp.blocks for p in b.points()}
@@ -182,7 +183,6 @@ def plan(
                     after = seed_dir(out / name / block.needs, seed) if block.needs else None
                     fixed = [v.replace("{needs}", str(after)) for v in block.sets]
                     # the point's own choice, else (Tuning.on) that of the same point in the block tuned for all
-                    on = None if exp.tuning is None else exp.tuning.on
                     own = tuned.get(unit_key(block.name, point))
                     fallback = tuned.get(unit_key(on, point), {}) if on is not None else {}
                     chosen = (own if own is not None else fallback) if block.needs is None else {}

@@ -38,7 +38,7 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
         for r in runs:
             if r.experiment == name and r.done:
                 groups.setdefault((r.block, slug(r.point)), []).append(r.out)
-                values[(r.block, slug(r.point))] = {k.split(".")[-1]: v.strip('"') for k, v in r.point}
+                values[(r.block, slug(r.point))] = _short_values(r.point)
         rows = []
         for (block, point), dirs in groups.items():
             stats = aggregate_seeds(dirs)
@@ -109,12 +109,17 @@ def _in_block_order(exp: Experiment, rows: list[dict[str, Any]]) -> list[dict[st
     return sorted(rows, key=lambda r: order[r["block"]])
 
 
+def _short_values(point: Point) -> dict[str, str]:
+    """A point's grid values by short key (``method.coef_dim`` -> ``coef_dim``), unquoted, as the plots name them."""
+    return {k.split(".")[-1]: v.strip('"') for k, v in point}
+
+
 def _grid_values(exp: Experiment, block: str, point: str) -> dict[str, str]:
-    """The grid values of the point named ``point`` in ``block``, by short key (as :func:`tables` records them)."""
+    """The grid values of the point named ``point`` in ``block`` (a row kept from an earlier reproduction)."""
     for b in exp.blocks:
         for p in b.points() if b.name == block else ():
             if slug(p) == point:
-                return {k.split(".")[-1]: v.strip('"') for k, v in p}
+                return _short_values(p)
     return {}
 
 
