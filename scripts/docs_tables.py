@@ -587,6 +587,88 @@ def bench_compact_round(root: Path) -> str:
     )
 
 
+PPR_BENCH = "python benchmarks/bench_ppr.py"
+PPR_SIDE = "PPR beside LRSUQ and DG at k = 16384"
+PPR_CURVE = "PPR's rate-time curve at eps 16 (k = 16384, ||u|| = 1)"
+PAPER_LRSUQ_MS = 13.97
+
+
+def bench_section(root: Path, title: str, command: str) -> tuple[str, list[list[str]]]:
+    """(date, table rows with the header first) of the latest ``benchmarks/RESULTS.md`` section ``title`` that
+    ``command`` wrote."""
+    rel = "benchmarks/RESULTS.md"
+    sections = (root / rel).read_text().split("\n## ")
+    found = [s for s in sections if s.startswith(title + "\n") and f"- command: `{command}`" in s]
+    if not found:
+        raise SourceError(f"{rel}: no section {title!r} with the command {command}")
+    date = re.search(r"^- date: (.+)$", found[-1], re.M)
+    rows = [  # the norm's bars are not cell borders
+        [c.strip().replace("\0", "||u||") for c in line.replace("||u||", "\0").strip().strip("|").split("|")]
+        for line in found[-1].splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ]
+    if date is None or len(rows) < 2:
+        raise SourceError(f"{rel}: the section {title!r} lacks its date or table")
+    return date.group(1), rows
+
+
+def bench_ppr(root: Path) -> str:
+    """PPR beside LRSUQ and DG (the latest full ``bench_ppr.py`` run), its rate-time curve, and the issue's target
+    (at most 0.5 bpc within the paper's 13.97 ms at eps 16, ||u|| = 1) read off the b = 8 rows."""
+    date, side = bench_section(root, PPR_SIDE, PPR_BENCH)
+    curve_date, curve = bench_section(root, PPR_CURVE, PPR_BENCH)
+    if curve_date != date:
+        raise SourceError(f"benchmarks/RESULTS.md: the two sections of {PPR_BENCH} are of different runs")
+    head, rows = side[0], [dict(zip(side[0], r)) for r in side[1:]]
+    if not {"eps", "||u||", "codec", "bpc unpadded", "bpc padded", "enc+dec ms", "time vs DG FP32"} <= set(head):
+        raise SourceError(f"benchmarks/RESULTS.md: unexpected columns in {PPR_SIDE!r}: {head}")
+    by = {(r["eps"], r["||u||"], r["codec"]): r for r in rows}
+    body = []
+    for r in rows:
+        if r["||u||"] != "1" or r["codec"] == "DG FP32":
+            continue
+        zero = by[(r["eps"], "0", r["codec"])]
+        body.append(
+            [
+                r["eps"],
+                r["codec"],
+                f"{float(zero['bpc unpadded']):.3f}",
+                f"{float(r['bpc unpadded']):.3f}",
+                f"{float(r['bpc padded']):.3f}",
+                f"{float(r['enc+dec ms']):.1f}",
+                f"{float(r['time vs DG FP32']):.1f}x",
+            ]
+        )
+    header = ["eps", "codec", "bpc, u = 0", "bpc, norm 1", "padded", "enc + dec ms, norm 1", "vs DG FP32"]
+    crow = [dict(zip(curve[0], r)) for r in curve[1:]]
+    cbody = [
+        [c["b"], c["alpha"], f"{float(c['bpc unpadded']):.3f}", f"{float(c['enc+dec ms']):.1f}", c["releases"]]
+        for c in crow
+    ]
+    target = [c for c in crow if c["b"] == "8" and c["alpha"] == "inf"]
+    side8 = by.get(("16", "1", "PPR b=8, argmin"))
+    if not target or side8 is None:
+        raise SourceError("benchmarks/RESULTS.md: the PPR run lacks its b = 8 argmin rows")
+    ms = sorted([float(target[0]["enc+dec ms"]), float(side8["enc+dec ms"])])
+    bpc = sorted([float(target[0]["bpc unpadded"]), float(side8["bpc unpadded"])])
+    met = "met" if ms[1] <= PAPER_LRSUQ_MS and bpc[1] <= 0.5 else "not met"
+
+    def span(pair: list[float], digits: int) -> str:
+        low, high = (f"{v:.{digits}f}" for v in pair)
+        return low if low == high else f"{low}-{high}"
+
+    return (
+        f"`OMP_NUM_THREADS=1 {PPR_BENCH}` ({date}, `benchmarks/RESULTS.md`): selected rows at ||u|| = 1 (norm "
+        "1; the `u = 0` column: the same codec on a zero input) and the time relative to DG FP32 in the same run:\n\n"
+        + table(header, body)
+        + "\n\nThe rate-time curve at eps 16, ||u|| = 1, same run (bpc unpadded, frame included):\n\n"
+        + table(["b", "alpha", "bpc", "enc + dec ms", "releases"], cbody)
+        + f"\n\nThe target at eps 16 (at most 0.5 bpc within the paper's {PAPER_LRSUQ_MS} ms a release, one core) "
+        f"read off the two b = 8 argmin rows of this run: {span(bpc, 3)} bpc in {span(ms, 1)} ms: "
+        f"**{met}** on this machine."
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- regions
 
 RENDERERS: dict[str, Callable[[Path], str]] = {
@@ -613,6 +695,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pfeddpo-hh": pfeddpo_hh,
     "pfeddpo-ablations": pfeddpo_ablations,
     "bench-compact-round": bench_compact_round,
+    "bench-ppr": bench_ppr,
 }
 
 

@@ -4,6 +4,7 @@ the checker catches a tampered number, a tampered source and malformed markers (
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -96,3 +97,20 @@ def test_check_mode_names_file_and_region_and_exits_1(tmp_path: Path) -> None:
     assert "| pFedDPO | 1.000 | **0.620** |" in doc.read_text()
     assert doc.read_text().startswith("before\n") and doc.read_text().endswith("after\n")
     assert subprocess.run([sys.executable, script, "--check", str(doc)], capture_output=True).returncode == 0
+
+
+def test_a_new_ppr_benchmark_run_restates_the_target_verdict(tmp_path: Path) -> None:
+    """The PPR region follows the latest run of ``bench_ppr.py``; a slower b = 8 argmin row turns the verdict."""
+    root = _copy_tree(tmp_path)
+    results = root / "benchmarks/RESULTS.md"
+    text = results.read_text()
+    latest = text[text.rindex("## " + docs_tables.PPR_SIDE) :]
+    end = latest.find("\n## ", latest.index(docs_tables.PPR_CURVE))
+    latest = latest if end < 0 else latest[:end]
+    slower = re.sub(r"^(\| 8 \| inf \| 2\.5 \|(?: [\d.]+ \|){4}) [\d.]+ \|", r"\1 15.5 |", latest, flags=re.M)
+    assert slower != latest
+    results.write_text(text + "\n" + slower.replace("- date: ", "- date: 2099-01-01 "))
+    doc = root / "docs/codecs.md"
+    assert docs_tables.sync(doc, root, write=False) == ["bench-ppr"]
+    docs_tables.sync(doc, root, write=True)
+    assert "15.5 ms: **not met** on this machine" in doc.read_text()
