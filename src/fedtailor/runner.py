@@ -63,9 +63,11 @@ def _check_out(
 
 
 def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
-    """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``), of the
-    rejected and abstained replies (``*_total``), means of the other numeric metrics (``*_mean``). The rounds'
-    evaluation summaries (``seen/...``) are not averaged: the results carry the final, best and chosen round's."""
+    """Run-level figures from the per-round records: sums of ``*_bytes`` (also in MB as ``*_MB``) and of
+    ``*_coefficients``, of the rejected and abstained replies (``*_total``), means of the other numeric metrics
+    (``*_mean``); with both ``uplink_bytes`` and ``uplink_coefficients`` (a DP wrapper's releases: the values they
+    carried), ``uplink_bits_per_coefficient``, what the uplink cost a released value. The rounds' evaluation
+    summaries (``seen/...``) are not averaged: the results carry the final, best and chosen round's."""
     evaluation = tuple(f"{g}/" for g in GROUPS)
     keys = sorted(
         {
@@ -81,10 +83,14 @@ def round_totals(history: list[dict[str, Any]]) -> dict[str, float]:
         if k.endswith("_bytes"):
             out[k] = sum(vals)
             out[k[: -len("_bytes")] + "_MB"] = sum(vals) / 1e6
+        elif k.endswith("_coefficients"):
+            out[k] = sum(vals)
         elif k in ("rejected", "abstained"):
             out[k + "_total"] = sum(vals)
         else:
             out[k + "_mean"] = sum(vals) / len(vals)
+    if out.get("uplink_coefficients") and "uplink_bytes" in out:
+        out["uplink_bits_per_coefficient"] = 8.0 * out["uplink_bytes"] / out["uplink_coefficients"]
     return out
 
 

@@ -151,7 +151,8 @@ register_experiment(
             ),
         ),
         quick=("federation.rounds=4", "method.fedlag.warmup=2", "data.limit=4000"),
-        metrics=("seen/accuracy", "fedlag_personal"),  # which layers FedLAG made personal, by eps
+        # which layers FedLAG made personal, by eps; what the uplink cost a released value
+        metrics=("seen/accuracy", "fedlag_personal", "uplink_bits_per_coefficient"),
         tuning=DP_TUNING,
         reference=("method.fedlag.top_k", "0"),  # FedLAG's gain at each eps: each base with it against without
     ),

@@ -237,6 +237,8 @@ class _PrivateRelease(Method[PrivateState, PersonalState]):
             equal = {c: Message(arrays=r.arrays, config={"num_examples": 1, "loss": 0.0}) for c, r in replies.items()}
             base, metrics = self.base.aggregate_fit(server, rnd, equal)
             metrics = {k: v for k, v in metrics.items() if k != "loss"}  # no client sent one
+            # the values the releases carried: with the loop's uplink bytes, the run's bits per coefficient
+            metrics["uplink_coefficients"] = sum(int(t.numel()) for r in replies.values() for t in r.arrays.values())
         else:
             base, metrics = self.base.aggregate_fit(server, rnd, replies)
         return _with_ledger(base, server.ledger), metrics

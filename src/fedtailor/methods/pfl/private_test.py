@@ -24,6 +24,7 @@ from fedtailor.methods.pfl.private import MECHANISM, ClientDP
 from fedtailor.privacy.ledger import PrivacyBudgetExceeded
 from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import derive_key
+from fedtailor.runner import round_totals
 
 SIM = ["method.client_dp.clip=0.5", "method.client_dp.epsilon=2000", 'method.client_dp.randomness="simulation"']
 
@@ -326,7 +327,17 @@ def test_the_uplink_counts_the_payload_a_codec_reply_carries_not_what_it_decodes
     payload = {len(out[c][0].config["payload"]) for c in cids}
     assert len(payload) == 1  # one padded size for every client
     result = run_federated(method, setup.clients, setup.schedule[:1], progress=False)
-    assert result.history[0]["uplink_bytes"] == len(cids) * payload.pop()
+    size = payload.pop()
+    assert result.history[0]["uplink_bytes"] == len(cids) * size
+    # the run's bits per released value: the padded payload over the values it carried, as the summary states
+    dim = sum(method.base.shapes[n].numel() for n in method.base.shared_names(result.state.server))
+    assert result.history[0]["uplink_coefficients"] == len(cids) * dim
+    totals = round_totals(result.history)
+    assert totals["uplink_bits_per_coefficient"] == pytest.approx(8 * size / dim, rel=1e-12)
+    assert totals["uplink_bits_per_coefficient"] == pytest.approx(method.codec_bits()[f"bits_per_coefficient_d{dim}"])
+    _, fp32 = build("fedavg", *LRSUQ[:2], 'method.client_dp.codec="fp32"', *SIM)
+    plain = round_totals(run_federated(fp32, setup.clients, setup.schedule[:1], progress=False).history)
+    assert 32.0 <= plain["uplink_bits_per_coefficient"] < 32.2  # float32 values and the message's framing
 
 
 def test_client_dp_over_lrsuq_in_secure_mode_under_fedlag():
