@@ -587,6 +587,36 @@ def bench_compact_round(root: Path) -> str:
     )
 
 
+CODEC_BENCH = "python benchmarks/bench_codecs.py"
+CODEC_SECTION = "Codecs at k = 16384, sigma = 0.01468 (eps = 16)"
+
+
+def bench_codecs(root: Path) -> str:
+    """Every codec side by side (the latest ``bench_codecs.py`` run): rate, times, the time relative to DG FP32
+    in the same run, and each codec's speed target with its verdict."""
+    date, rows = bench_section(root, CODEC_SECTION, CODEC_BENCH)
+    head, rows = rows[0], [dict(zip(rows[0], r)) for r in rows[1:]]
+    need = {"codec", "bpc", "encode ms", "decode ms", "enc+dec ms", "target", "meets target", "time vs first"}
+    if not need <= set(head):
+        raise SourceError(f"benchmarks/RESULTS.md: unexpected columns in {CODEC_SECTION!r}: {head}")
+    body = [
+        [
+            r["codec"],
+            r["bpc"],
+            f"{float(r['encode ms']):.2f}",
+            f"{float(r['decode ms']):.2f}",
+            f"{float(r['enc+dec ms']):.2f}",
+            f"{float(r['time vs first']):.1f}x",
+            r["target"] or "-",
+            r["meets target"] or "-",
+        ]
+        for r in rows
+    ]
+    header = ["codec", "bpc", "encode ms", "decode ms", "enc+dec ms", "vs DG FP32", "target", "met"]
+    intro = f"`OMP_NUM_THREADS=1 {CODEC_BENCH}` ({date}, `benchmarks/RESULTS.md`):"
+    return intro + "\n\n" + table(header, body)
+
+
 PPR_BENCH = "python benchmarks/bench_ppr.py"
 PPR_SIDE = "PPR beside LRSUQ and DG at k = 16384"
 PPR_CURVE = "PPR's rate-time curve at eps 16 (k = 16384, ||u|| = 1)"
@@ -695,6 +725,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pfeddpo-hh": pfeddpo_hh,
     "pfeddpo-ablations": pfeddpo_ablations,
     "bench-compact-round": bench_compact_round,
+    "bench-codecs": bench_codecs,
     "bench-ppr": bench_ppr,
 }
 

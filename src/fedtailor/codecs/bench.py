@@ -37,6 +37,7 @@ DEFAULT_SPECS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("LRSUQ D4 (ans)", "lrsuq", {"lattice": "D4", "coder": "ans"}),
     ("PPR b=4 (default)", "ppr", {"noise": "secure"}),
     ("PPR b=8", "ppr", {"block_size": 8, "noise": "secure"}),
+    ("PPR b=8, argmin", "ppr", {"block_size": 8, "alpha": math.inf, "noise": "secure"}),
 )
 PAPER_LRSUQ_BPC = 12.01
 PAPER_LRSUQ_MS = 13.97
