@@ -10,7 +10,8 @@ k / k_small (a dense matrix product costs linearly in k).
     python benchmarks/bench_compact_round.py --device cuda   # the records, model and P on a GPU (timings synced)
     python benchmarks/bench_compact_round.py --allocator     # glibc keeping freed memory or not (fresh processes)
 
-Like the command line, the benchmark first has glibc keep freed memory (fedtailor.allocator.keep_freed_memory);
+Like the command line, the benchmark first has glibc keep freed memory (fedtailor.allocator.keep_freed_memory) and
+numpy's BLAS run on one thread (fedtailor.blas.single_thread_numpy_blas);
 ``--allocator`` measures what that is worth: the per-record coefficient gradients of 333 records (LeNet, default
 P, one thread) in fresh processes with and without it, alternated, with the page faults per call.
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import report
 
 from fedtailor.allocator import keep_freed_memory
+from fedtailor.blas import single_thread_numpy_blas
 from fedtailor.codecs import release_key
 from fedtailor.codecs.format import pad
 from fedtailor.config import load_config
@@ -187,6 +189,7 @@ def main() -> None:
         )
         return
     keep_freed_memory()  # as the command line does
+    single_thread_numpy_blas()  # likewise
     torch.set_num_threads(args.threads)
     global _DEVICE
     _DEVICE = torch.device(args.device)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from harness import report, time_call
 
 from fedtailor.allocator import keep_freed_memory
+from fedtailor.blas import single_thread_numpy_blas
 from fedtailor.models.pflnets import DNN, FedAvgCNN
 from fedtailor.privacy.dpsgd import dp_sgd
 from fedtailor.privacy.noise import secure_gaussian_noise
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true", help="print only (a check run, not for RESULTS.md)")
     args = ap.parse_args()
     keep_freed_memory()  # as the command line does
+    single_thread_numpy_blas()  # likewise
     torch.set_num_threads(args.threads)
     rows = [measure(name, make, args) for name, make in (("dnn", DNN), ("fedavgcnn", FedAvgCNN))]
     report(

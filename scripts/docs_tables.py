@@ -587,6 +587,37 @@ def bench_compact_round(root: Path) -> str:
     )
 
 
+FULL_RUN = "Compact adaptation: the full 500-round MNIST run (Ours-LRSUQ, default P), 2 threads"
+
+
+def bench_compact_full_run(root: Path) -> str:
+    """The latest timed full 500-round run (``benchmarks/RESULTS.md``): the current code's row against the first
+    row of the same section (the code before, on the same machine), and the 90-second target."""
+    rel = "benchmarks/RESULTS.md"
+    found = [s for s in (root / rel).read_text().split("\n## ") if s.startswith(FULL_RUN + "\n")]
+    if not found:
+        raise SourceError(f"{rel}: no section {FULL_RUN!r}")
+    section = found[-1]
+    date = re.search(r"^- date: (.+)$", section, re.M)
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ][1:]
+    if date is None or len(rows) < 2:
+        raise SourceError(f"{rel}: the section {FULL_RUN!r} lacks its date or its two rows")
+    (_, wall0, *_), (what, wall, fit, median, seen, future) = rows[0], rows[-1]
+    met = "met" if float(wall) < 90 else "not met"
+    return (
+        f"A full 500-round Ours-LRSUQ run with the default P (`OMP_NUM_THREADS=2 fedtailor run "
+        f"configs/compact/mnist-eps16.toml --set method.variant='\"ours-lrsuq\"'`, alone on 2 cores; "
+        f"`benchmarks/RESULTS.md`, {date.group(1)}) takes **{float(wall):.1f} s** wall clock, startup and the 10 "
+        f"evaluations included (fit {float(fit):.1f} s, median round {float(median):.3f} s; Seen {seen}%, Future "
+        f"{future}%), against {float(wall0):.1f} s on the same machine before the last change ({what}): "
+        f"the project's 90-second target is **{met}**."
+    )
+
+
 CODEC_BENCH = "python benchmarks/bench_codecs.py"
 CODEC_SECTION = "Codecs at k = 16384, sigma = 0.01468 (eps = 16)"
 
@@ -726,6 +757,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pfeddpo-ablations": pfeddpo_ablations,
     "bench-compact-round": bench_compact_round,
     "bench-codecs": bench_codecs,
+    "bench-compact-full-run": bench_compact_full_run,
     "bench-ppr": bench_ppr,
 }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fedtailor"
 
 LAYERS = (
-    {"rng", "device", "safeload", "allocator"},
+    {"rng", "device", "safeload", "allocator", "blas"},
     {"fl", "models"},
     {"privacy", "codecs", "data", "config"},
     {"lm", "methods"},

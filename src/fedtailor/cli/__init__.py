@@ -50,6 +50,9 @@ def _main(argv: list[str] | None) -> int:
 
     keep_freed_memory()  # before the first tensor: training steps reuse freed memory instead of page-faulting
     parser = build_parser()
+    from fedtailor.blas import single_thread_numpy_blas
+
+    single_thread_numpy_blas()  # numpy's idle BLAS threads would otherwise steal torch's cores
     args = parser.parse_args(argv)
     from fedtailor.fl.loop import RunInterrupted
     from fedtailor.privacy.ledger import PrivacyBudgetExceeded

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from fedtailor.allocator import keep_freed_memory
+from fedtailor.blas import single_thread_numpy_blas
 from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, Message
 from fedtailor.fl.setup import train_sizes
@@ -221,6 +222,7 @@ def _serve(conn: Connection, threads: int) -> None:
     tasks with ``client_fit``'s ``(reply, state)`` until told to stop (None) or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it closes the pool
     keep_freed_memory()  # as the command line does (a user's own MALLOC_ settings, inherited, still win)
+    single_thread_numpy_blas()  # likewise (numpy's idle BLAS threads would steal this worker's cores)
     torch.set_num_threads(threads)
     try:
         method = conn.recv()

@@ -40,10 +40,12 @@ log = logging.getLogger(__name__)
 @lru_cache(maxsize=4)
 def _build(config: str, sets: str) -> tuple[Any, Any]:
     from fedtailor.allocator import keep_freed_memory
+    from fedtailor.blas import single_thread_numpy_blas
     from fedtailor.config import default_config, load_config
     from fedtailor.experiment import build_method, build_setup
 
     keep_freed_memory()  # as `fedtailor run` does, in the ServerApp's and each ClientApp's process
+    single_thread_numpy_blas()
     cfg = load_config(config or default_config(), [s for s in sets.split(";") if s.strip()])
     setup = build_setup(cfg)
     return setup, build_method(setup)
