@@ -449,7 +449,9 @@ def dp_utility(root: Path) -> str:
                 body.append([level_name, base_name + (" + FedLAG" if lag else ""), *cells])
     if "client-lrsuq" in blocks:  # the same release as client-level FedAvg + FedLAG at eps 8, sent over LRSUQ
         row = blocks["client-lrsuq"]["codec=lrsuq"]
-        body.append([DP_LEVELS["client"], "FedAvg + FedLAG, LRSUQ uplink", "-", "-", _dp_cell(row), "-"])
+        bits = row.get("uplink_bits_per_coefficient (mean)")
+        sent = f" ({float(bits):.3f} bits a value sent)" if bits else ""
+        body.append([DP_LEVELS["client"], f"FedAvg + FedLAG, LRSUQ uplink{sent}", "-", "-", _dp_cell(row), "-"])
     return table(["DP", "method", "eps 1", "eps 4", "eps 8", "no noise (clip only)"], body)
 
 
