@@ -589,31 +589,40 @@ def bench_compact_round(root: Path) -> str:
     )
 
 
+def bench_section(root: Path, title: str, command: str | None = None) -> tuple[str, list[list[str]]]:
+    """(date, table rows with the header first) of the latest ``benchmarks/RESULTS.md`` section ``title`` (that
+    ``command`` wrote, when given)."""
+    rel = "benchmarks/RESULTS.md"
+    sections = (root / rel).read_text().split("\n## ")
+    found = [s for s in sections if s.startswith(title + "\n") and (command is None or f"- command: `{command}`" in s)]
+    if not found:
+        raise SourceError(f"{rel}: no section {title!r}" + (f" with the command {command}" if command else ""))
+    date = re.search(r"^- date: (.+)$", found[-1], re.M)
+    rows = [  # the norm's bars are not cell borders
+        [c.strip().replace("\0", "||u||") for c in line.replace("||u||", "\0").strip().strip("|").split("|")]
+        for line in found[-1].splitlines()
+        if line.startswith("|") and not set(line) <= set("|-: ")
+    ]
+    if date is None or len(rows) < 2:
+        raise SourceError(f"{rel}: the section {title!r} lacks its date or table")
+    return date.group(1), rows
+
+
 FULL_RUN = "Compact adaptation: the full 500-round MNIST run (Ours-LRSUQ, default P), 2 threads"
 
 
 def bench_compact_full_run(root: Path) -> str:
     """The latest timed full 500-round run (``benchmarks/RESULTS.md``): the current code's row against the first
     row of the same section (the code before, on the same machine), and the 90-second target."""
-    rel = "benchmarks/RESULTS.md"
-    found = [s for s in (root / rel).read_text().split("\n## ") if s.startswith(FULL_RUN + "\n")]
-    if not found:
-        raise SourceError(f"{rel}: no section {FULL_RUN!r}")
-    section = found[-1]
-    date = re.search(r"^- date: (.+)$", section, re.M)
-    rows = [
-        [c.strip() for c in line.strip().strip("|").split("|")]
-        for line in section.splitlines()
-        if line.startswith("|") and not set(line) <= set("|-: ")
-    ][1:]
-    if date is None or len(rows) < 2:
-        raise SourceError(f"{rel}: the section {FULL_RUN!r} lacks its date or its two rows")
-    (_, wall0, *_), (what, wall, fit, median, seen, future) = rows[0], rows[-1]
+    date, rows = bench_section(root, FULL_RUN)
+    if len(rows) < 3:
+        raise SourceError(f"benchmarks/RESULTS.md: the section {FULL_RUN!r} lacks its two rows")
+    (_, wall0, *_), (what, wall, fit, median, seen, future) = rows[1], rows[-1]
     met = "met" if float(wall) < 90 else "not met"
     return (
         f"A full 500-round Ours-LRSUQ run with the default P (`OMP_NUM_THREADS=2 fedtailor run "
         f"configs/compact/mnist-eps16.toml --set method.variant='\"ours-lrsuq\"'`, alone on 2 cores; "
-        f"`benchmarks/RESULTS.md`, {date.group(1)}) takes **{float(wall):.1f} s** wall clock, startup and the 10 "
+        f"`benchmarks/RESULTS.md`, {date}) takes **{float(wall):.1f} s** wall clock, startup and the 10 "
         f"evaluations included (fit {float(fit):.1f} s, median round {float(median):.3f} s; Seen {seen}%, Future "
         f"{future}%), against {float(wall0):.1f} s on the same machine before the last change ({what}): "
         f"the project's 90-second target is **{met}**."
@@ -654,25 +663,6 @@ PPR_BENCH = "python benchmarks/bench_ppr.py"
 PPR_SIDE = "PPR beside LRSUQ and DG at k = 16384"
 PPR_CURVE = "PPR's rate-time curve at eps 16 (k = 16384, ||u|| = 1)"
 PAPER_LRSUQ_MS = 13.97
-
-
-def bench_section(root: Path, title: str, command: str) -> tuple[str, list[list[str]]]:
-    """(date, table rows with the header first) of the latest ``benchmarks/RESULTS.md`` section ``title`` that
-    ``command`` wrote."""
-    rel = "benchmarks/RESULTS.md"
-    sections = (root / rel).read_text().split("\n## ")
-    found = [s for s in sections if s.startswith(title + "\n") and f"- command: `{command}`" in s]
-    if not found:
-        raise SourceError(f"{rel}: no section {title!r} with the command {command}")
-    date = re.search(r"^- date: (.+)$", found[-1], re.M)
-    rows = [  # the norm's bars are not cell borders
-        [c.strip().replace("\0", "||u||") for c in line.replace("||u||", "\0").strip().strip("|").split("|")]
-        for line in found[-1].splitlines()
-        if line.startswith("|") and not set(line) <= set("|-: ")
-    ]
-    if date is None or len(rows) < 2:
-        raise SourceError(f"{rel}: the section {title!r} lacks its date or table")
-    return date.group(1), rows
 
 
 def bench_ppr(root: Path) -> str:
