@@ -9,6 +9,7 @@ k / k_small (a dense matrix product costs linearly in k).
     python benchmarks/bench_compact_round.py --full-run      # also time the full 500-round MNIST run
     python benchmarks/bench_compact_round.py --device cuda   # the records, model and P on a GPU (timings synced)
     python benchmarks/bench_compact_round.py --allocator     # glibc keeping freed memory or not (fresh processes)
+    python benchmarks/bench_compact_round.py --blas 60       # numpy's BLAS on one thread or not (fresh processes)
 
 Like the command line, the benchmark first has glibc keep freed memory (fedtailor.allocator.keep_freed_memory) and
 numpy's BLAS run on one thread (fedtailor.blas.single_thread_numpy_blas);
@@ -166,6 +167,40 @@ def allocator_rows(pairs: int) -> list[dict]:
     ]
 
 
+def blas_rows(pairs: int, *, rounds: int, threads: int) -> list[dict]:
+    """The first ``rounds`` rounds of the MNIST run (`fedtailor run`, ``threads`` torch threads) in fresh processes,
+    numpy's BLAS on one thread (the command line's default) or on ``threads`` (``OPENBLAS_NUM_THREADS`` set: the
+    user's setting wins, as before fedtailor.blas), ``pairs`` times each, alternated; medians of the wall time and
+    of the rounds' own time (the sum of ``seconds`` in metrics.jsonl)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")}
+    env["OMP_NUM_THREADS"] = str(threads)
+    modes = {"one": {}, "pool": {"OPENBLAS_NUM_THREADS": str(threads)}}
+    got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    for _ in range(pairs):
+        for mode, extra in modes.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                cmd = [sys.executable, "-m", "fedtailor", "run", "configs/compact/mnist-eps16.toml", "--out", tmp]
+                cmd += ["--set", 'method.variant="ours-lrsuq"', "--set", f"federation.rounds={rounds}"]
+                cmd += ["--set", "federation.eval_every=1000000", "--no-progress", "--no-plots"]
+                t0 = time.perf_counter()
+                subprocess.run(cmd, env={**env, **extra}, capture_output=True, text=True, check=True)
+                wall = time.perf_counter() - t0
+                with open(Path(tmp) / "metrics.jsonl") as fh:
+                    fit = sum(json.loads(line).get("seconds", 0.0) for line in fh if line.strip())
+            got[mode].append((wall, fit))
+    base = statistics.median(f for _, f in got["pool"])
+    names = {"one": "numpy's BLAS on one thread (default)", "pool": f"OPENBLAS_NUM_THREADS={threads} (before)"}
+    return [
+        {
+            "numpy BLAS": names[mode],
+            "wall s": statistics.median(w for w, _ in runs),
+            "rounds s": statistics.median(f for _, f in runs),
+            "rounds time vs before": statistics.median(f for _, f in runs) / base,
+        }
+        for mode, runs in got.items()
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -180,7 +215,15 @@ def main() -> None:
         "--full-run", action="store_true", help="also time the 500-round MNIST run with the first transform"
     )
     ap.add_argument("--allocator", action="store_true", help="only the allocator comparison (fresh processes)")
+    ap.add_argument("--blas", type=int, metavar="ROUNDS", help="only the numpy-BLAS comparison over ROUNDS rounds")
     args = ap.parse_args()
+    if args.blas:
+        report(
+            f"Compact adaptation, {args.blas} rounds of the MNIST run, {args.threads} threads: numpy's BLAS pool",
+            blas_rows(args.repeat, rounds=args.blas, threads=args.threads),
+            notes=f"{args.repeat} fresh processes per row, alternated; medians; no evaluation but the final one.",
+        )
+        return
     if args.allocator:
         report(
             "Per-record coefficient gradients (333 records, LeNet, default P, 1 thread): glibc keeping freed memory",
