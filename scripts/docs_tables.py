@@ -297,6 +297,34 @@ def compact_table1_by_eps(folder: str) -> Callable[[Path], str]:
     return render
 
 
+def compact_k(root: Path) -> str:
+    """The k trade-off (``docs/results/compact-k-mnist/``): each k's chosen step (``choices.json``), test accuracy,
+    protected uplink and realised perturbation norm over seeds (``table.csv``)."""
+    folder = "compact-k-mnist"
+    rows = points(root, folder)
+    rel = f"{RESULTS_DIR}/{folder}/choices.json"
+    if not (root / rel).is_file():
+        raise SourceError(f"{rel}: missing")
+    choices = json.loads((root / rel).read_text())["choices"]
+    body = []
+    for key in sorted(rows, key=lambda k: int(k.rsplit("=", 1)[1])):
+        r = rows[key]
+        lr = choices.get(key, {}).get("method.lr", "-")
+        body.append(
+            [
+                f"{int(key.rsplit('=', 1)[1]):,}",
+                lr,
+                r["seeds"],
+                pm(*mean_std(r, SEEN)),
+                pm(*mean_std(r, FUTURE)),
+                f"{float(r['uplink_payload_MB (mean)']):.2f}",
+                "{:.3f} +- {:.3f}".format(*mean_std(r, "perturbation_norm_mean")),
+            ]
+        )
+    header = ["k", "chosen lr", "seeds", "test Seen", "test Future", "protected uplink MB", "perturbation norm (mean)"]
+    return table(header, body)
+
+
 def compact_paired(experiment: str, names: dict[str, str]) -> Callable[[Path], str]:
     """The paired differences of the fair-tuning re-run (``paired.csv``): each point minus its reference, over
     seeds (t interval) and over (seed, client) pairs (bootstrap), with the paper's claim and the verdict."""
@@ -735,6 +763,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-table1-tuned-by-eps": compact_table1_by_eps("compact-table1-mnist-tuned"),
     "compact-table1-eps16-steps": compact_table1_by_eps("compact-table1-mnist-eps16-steps"),
     "compact-controls-tuned": compact_tuned("compact-controls-mnist", TUNED_CONTROLS),
+    "compact-k": compact_k,
     "compact-controls-tuned-paired": compact_paired("compact-controls-mnist", TUNED_CONTROLS),
     "compact-layer-allocation-validation": layer_allocation_validation,
     "compact-layer-allocation-test": layer_allocation_test,
