@@ -69,6 +69,14 @@ def points(root: Path, experiment: str) -> dict[str, dict[str, str]]:
     return {f"{r['block']}/{r['point']}": r for r in rows}
 
 
+def read_choices(root: Path, folder: str) -> dict:
+    """The tuning record ``docs/results/FOLDER/choices.json`` (grid, scores and each point's choice)."""
+    rel = f"{RESULTS_DIR}/{folder}/choices.json"
+    if not (root / rel).is_file():
+        raise SourceError(f"{rel}: missing")
+    return json.loads((root / rel).read_text())
+
+
 def mean_std(row: dict[str, str], metric: str) -> tuple[float, float]:
     return float(row[f"{metric} (mean)"]), float(row[f"{metric} (std)"])
 
@@ -257,10 +265,7 @@ def compact_tuned(experiment: str, names: dict[str, str]) -> Callable[[Path], st
     def render(root: Path) -> str:
         folder = f"{experiment}-tuned"
         rows = points(root, folder)
-        rel = f"{RESULTS_DIR}/{folder}/choices.json"
-        if not (root / rel).is_file():
-            raise SourceError(f"{rel}: missing")
-        record = json.loads((root / rel).read_text())
+        record = read_choices(root, folder)
         body = []
         for key, name in names.items():
             if key not in rows:
@@ -302,10 +307,7 @@ def compact_k(root: Path) -> str:
     protected uplink and realised perturbation norm over seeds (``table.csv``)."""
     folder = "compact-k-mnist"
     rows = points(root, folder)
-    rel = f"{RESULTS_DIR}/{folder}/choices.json"
-    if not (root / rel).is_file():
-        raise SourceError(f"{rel}: missing")
-    choices = json.loads((root / rel).read_text())["choices"]
+    choices = read_choices(root, folder)["choices"]
     body = []
     for key in sorted(rows, key=lambda k: int(k.rsplit("=", 1)[1])):
         r = rows[key]
