@@ -35,11 +35,12 @@ def _alpha(text: str) -> float:
 def _codec_options(args: argparse.Namespace) -> dict[str, object]:
     options: dict[str, object] = {}
     if args.codec == "lrsuq":
-        options = {"block_size": args.block_size, "lattice": args.lattice, "coder": args.coder}
+        options = {"block_size": args.block_size, "lattice": args.lattice, "coder": args.coder or "elias"}
     elif args.codec == "layered":
-        options = {"coder": args.coder}
+        options = {"coder": args.coder or "elias"}
     elif args.codec == "ppr":
         options = {"block_size": args.block_size, "alpha": args.alpha, "clip": args.clip, "spread": args.spread}
+        options["coder"] = args.coder or "ans"
     return options
 
 
@@ -143,7 +144,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rt.add_argument("--out", required=True, help="output .npz")
     rt.add_argument("--block-size", type=_positive_int, default=4, help="lrsuq/ppr block size b (default 4)")
     rt.add_argument("--lattice", choices=("Z", "D4"), default="Z", help="lrsuq lattice (default Z)")
-    rt.add_argument("--coder", choices=("elias", "ans"), default="elias", help="entropy coder (default elias)")
+    rt.add_argument(
+        "--coder", choices=("elias", "ans"), help="entropy coder (default: elias for lrsuq/layered, ans for ppr)"
+    )
     rt.add_argument("--alpha", type=_alpha, default=8.0, help="ppr's alpha, > 1 or inf (default 8)")
     rt.add_argument("--clip", type=_positive_float, default=1.0, help="ppr: the public bound on ||u|| (default 1)")
     rt.add_argument("--spread", type=_positive_float, default=2.5, help="ppr: proposal spread (default 2.5)")

@@ -46,6 +46,24 @@ def test_roundtrip_writes_decoded_rows_and_bit_lengths(tmp_path: Path, capsys: p
     assert str(z["codec"]) == "lrsuq" and float(z["sigma"]) == 0.02
 
 
+@pytest.mark.parametrize("coder", [None, "elias"])
+def test_ppr_roundtrip_uses_the_index_code_asked_for(tmp_path: Path, coder: str | None) -> None:
+    """PPR's index code: ans unless --coder says otherwise (the messages equal the codec's own, bit for bit)."""
+    u = np.random.default_rng(1).normal(0, 0.01, (2, 64))
+    np.save(tmp_path / "u.npy", u)
+    out = tmp_path / "out.npz"
+    args = ["codec", "roundtrip", "--codec", "ppr", "--sigma", "0.05", "--input", str(tmp_path / "u.npy")]
+    args += ["--seed", "7", "--out", str(out)] + (["--coder", coder] if coder else [])
+    assert main(args) == 0
+    z = np.load(out)
+    codec = get_codec("ppr", coder=coder or "ans")
+    for r in range(2):
+        key = release_key(7, 0, r)
+        msg = codec.encode(u[r], key=key, sigma=0.05)
+        assert z["bits"][r] == 8 * len(msg)
+        np.testing.assert_array_equal(z["decoded"][r], codec.decode(msg, key=key, sigma=0.05, dim=64))
+
+
 def test_roundtrip_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     np.save(tmp_path / "bad.npy", np.zeros((2, 3, 4)))
     rc = main(

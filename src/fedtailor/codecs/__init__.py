@@ -24,7 +24,8 @@ def get_codec(name: str, **options: object) -> Codec:
       ``coder`` ("elias", the default, needs nothing; "ans" needs the optional ``constriction`` package).
     * ``"ppr"``: the Poisson private representation on rotated blocks; options ``block_size`` (default 4),
       ``alpha`` (default 8.0; ``float("inf")`` for the plain argmin), ``clip`` (the public bound on ``||u||``, default
-      1.0) and ``spread`` (the proposal's extra variance in units of ``clip^2 / k``, default 2.5).
+      1.0), ``spread`` (the proposal's extra variance in units of ``clip^2 / k``, default 2.5) and ``coder`` (the
+      index code: "ans", the default, or "elias").
     """
     if name in ("dg-fp32", "dg-q12"):
         if options:
@@ -41,9 +42,11 @@ def get_codec(name: str, **options: object) -> Codec:
             raise ValueError(f"codec 'lrsuq' options are block_size, lattice, coder; got unknown {sorted(unknown)}")
         return LRSUQCodec(**options)  # type: ignore[arg-type]
     if name == "ppr":
-        unknown = set(options) - {"block_size", "alpha", "clip", "spread"}
+        unknown = set(options) - {"block_size", "alpha", "clip", "spread", "coder"}
         if unknown:
-            raise ValueError(f"codec 'ppr' options are block_size, alpha, clip, spread; got unknown {sorted(unknown)}")
+            raise ValueError(
+                f"codec 'ppr' options are block_size, alpha, clip, spread, coder; got unknown {sorted(unknown)}"
+            )
         return PPRCodec(**options)  # type: ignore[arg-type]
     raise ValueError(f"unknown codec {name!r}; choose one of {', '.join(CODEC_NAMES)}")
 

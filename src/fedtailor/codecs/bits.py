@@ -59,15 +59,19 @@ class BitWriter:
         if x.min() < 1 or x.max() > MAX_GAMMA:
             raise ValueError(f"gamma codes need integers in [1, 2^53), got range [{x.min()}, {x.max()}]")
         n = bit_lengths(x)
-        end = np.cumsum(n)  # value i's mantissa bits are end[i] - n[i] .. end[i] - 1, most significant first
-        total = int(end[-1])
-        prefix = np.zeros(total + x.size, dtype=np.uint8)
-        prefix[end + np.arange(x.size)] = 1
+        prefix = np.zeros(int(n.sum()) + x.size, dtype=np.uint8)
+        prefix[np.cumsum(n) + np.arange(x.size)] = 1
+        self._parts.append(prefix)
+        self.low_bits(x, n)
+
+    def low_bits(self, x: np.ndarray, n: np.ndarray) -> None:
+        """Append the ``n_i`` lowest bits of each ``x_i`` (most significant first; ``0 <= n_i <= 53``)."""
+        end = np.cumsum(n)  # value i's bits are end[i] - n[i] .. end[i] - 1, most significant first
+        total = int(end[-1]) if end.size else 0
         owner = np.repeat(np.arange(x.size), n)
         shift = (end - 1).take(owner)
         shift -= np.arange(total)
-        mantissa = ((x.take(owner) >> shift) & 1).astype(np.uint8)
-        self._parts += [prefix, mantissa]
+        self._parts.append(((np.asarray(x, dtype=np.int64).take(owner) >> shift) & 1).astype(np.uint8))
 
     def getvalue(self) -> bytes:
         if not self._parts:
@@ -108,17 +112,20 @@ class BitReader:
         if n.max() > longest:
             raise CodecError(f"gamma code too long ({n.max()} leading zeros): value exceeds {limit}")
         self._pos += int(ones[-1]) + 1
-        end = np.cumsum(n)
-        total = int(end[-1])
-        mantissa = self.bits(total).astype(np.float64)
-        owner = np.repeat(np.arange(count), n)
-        shift = (end - 1).take(owner)
-        shift -= np.arange(total)
-        low = np.bincount(owner, weights=mantissa * np.exp2(shift), minlength=count)
-        x = (np.int64(1) << n) + low.astype(np.int64)
+        x = (np.int64(1) << n) + self.low_bits(n)
         if x.max() > limit:
             raise CodecError(f"gamma-coded value {x.max()} exceeds its bound {limit}")
         return x
+
+    def low_bits(self, n: np.ndarray) -> np.ndarray:
+        """Read values of ``n_i`` bits each (most significant first; what :meth:`BitWriter.low_bits` wrote)."""
+        end = np.cumsum(n)
+        total = int(end[-1]) if end.size else 0
+        bits = self.bits(total).astype(np.float64)
+        owner = np.repeat(np.arange(n.size), n)
+        shift = (end - 1).take(owner)
+        shift -= np.arange(total)
+        return np.bincount(owner, weights=bits * np.exp2(shift), minlength=n.size).astype(np.int64)
 
     def finish(self) -> None:
         """Require that only zero padding (< 8 bits) is left."""

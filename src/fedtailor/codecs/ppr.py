@@ -23,7 +23,8 @@ arXiv:2405.20782), built on the Poisson functional representation (Li & El Gamal
   ``P(K = k | Z, T) = (r(Z_k) / T_k)^alpha / sum_i (r(Z_i) / T_i)^alpha``, so a decoder holding the shared
   randomness sees an index that is ``2 alpha eps``-DP whenever the simulated mechanism is ``eps``-DP (the
   paper's theorem; ``alpha = inf`` is the plain PFR argmin, with no such guarantee). The message is ``K`` per
-  block, Elias-gamma coded.
+  block, coded by :mod:`fedtailor.codecs.index_code` (``coder``: the exponent of ``K`` by adaptive ANS and its low
+  bits raw, the default; or Elias-gamma).
 
 Search, exact and vectorised over blocks. Completing the square, ``log r(tau g) = log r* - beta |g - mu|^2``
 (:class:`_Target`): only candidates in a ball around ``mu`` can win. Labels are drawn in T order, a chunk a round
@@ -53,8 +54,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algori
 from scipy import special
 
 from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, check_key, check_sigma
-from fedtailor.codecs.bits import BitReader, BitWriter
 from fedtailor.codecs.format import Frame, open_message, seal
+from fedtailor.codecs.index_code import CODERS, decode_indices, encode_indices
 from fedtailor.codecs.lrsuq import KeyStream
 from fedtailor.privacy.noise import KEY_BITS, open_unit
 from fedtailor.rng import derive_key
@@ -68,7 +69,7 @@ FIRST_MIN, FIRST_MAX = 8, 256
 #: A block stops searching when at most this many points are expected to be still able to win.
 STOP_MASS = 0.01
 #: Largest label a block may use.
-MAX_LABELS = 2**24
+MAX_LABELS = 2**26
 #: Labels that share one bound in the search's first test (alpha finite).
 GROUP = 8
 
@@ -186,11 +187,12 @@ def unable_mass(lo: float, hi: float, c: float, alpha: float) -> float:
 
 
 class PPRCodec(Codec):
-    """Exact Gaussian release by PPR on blocks of ``block_size`` rotated coordinates, K Elias-gamma coded.
+    """Exact Gaussian release by PPR on blocks of ``block_size`` rotated coordinates, K coded by ``coder``.
 
     ``alpha`` (> 1, or ``math.inf``): the PPR parameter (privacy of the index against the decoder: ``2 alpha eps``
     for an ``eps``-DP mechanism; larger alpha, shorter search). ``clip``: the public bound on ``||u||`` the proposal
-    is built for; ``spread``: the proposal's extra variance in units of ``clip^2 / k``. Inputs above the clip are
+    is built for; ``spread``: the proposal's extra variance in units of ``clip^2 / k``; ``coder``: the index code,
+    ``"ans"`` (default) or ``"elias"`` (:mod:`fedtailor.codecs.index_code`). Inputs above the clip are
     released exactly too, at a search cost that grows like ``exp(|x|^2 / (2 spread clip^2 / k))`` per block.
     """
 
@@ -207,6 +209,7 @@ class PPRCodec(Codec):
         alpha: float = 8.0,
         clip: float = 1.0,
         spread: float = 2.5,
+        coder: str = "ans",
         name: str = "ppr",
     ) -> None:
         valid = isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool)
@@ -218,16 +221,18 @@ class PPRCodec(Codec):
         for label, value in (("clip", clip), ("spread", spread)):
             if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{label} must be a positive finite float, got {value!r}")
-        self.block_size, self.alpha = int(block_size), alpha
+        if coder not in CODERS:
+            raise ValueError(f"coder must be one of {', '.join(CODERS)}, got {coder!r}")
+        self.block_size, self.alpha, self.coder = int(block_size), alpha, coder
         self.clip, self.spread = float(clip), float(spread)
         self.name = name
         self.words_per_candidate = 2 * (-(-self.block_size // 2))
-        self.frame = Frame(CODEC_ID, 0, 1, self.block_size)
+        self.frame = Frame(CODEC_ID, 0, {"elias": 1, "ans": 2}[coder], self.block_size)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(block_size={self.block_size}, alpha={self.alpha}, clip={self.clip}, "
-            f"spread={self.spread})"
+            f"spread={self.spread}, coder={self.coder!r})"
         )
 
     def params(self) -> str:
@@ -323,9 +328,8 @@ class PPRCodec(Codec):
         key, sigma = check_key(key), check_sigma(sigma)
         u = check_input(u, sigma, bound_sigmas=True)
         k = self.encode_blocks(u, key=key, sigma=sigma, noise_key=noise_key)
-        writer = BitWriter()
-        writer.gamma(k)
-        return seal(self.frame, dim=u.size, key=key, sigma=sigma, payload=writer.getvalue(), params=self.params())
+        payload = encode_indices(k, self.coder)
+        return seal(self.frame, dim=u.size, key=key, sigma=sigma, payload=payload, params=self.params())
 
     def blocks(self, u: np.ndarray, key: int) -> np.ndarray:
         """The rotated, zero-padded blocks ``(n, b)`` of ``u``."""
@@ -522,10 +526,7 @@ class PPRCodec(Codec):
         except (TypeError, ValueError) as err:
             raise CodecError(str(err)) from err
         payload = open_message(message, self.frame, dim=dim, key=key, sigma=sigma, params=self.params())
-        reader = BitReader(payload)
-        k = reader.gamma(-(-dim // self.block_size), limit=MAX_LABELS)
-        reader.finish()
-        return k
+        return decode_indices(payload, -(-dim // self.block_size), self.coder, limit=MAX_LABELS)
 
     def samples(self, k: np.ndarray, *, key: int, sigma: float, dim: int) -> np.ndarray:
         """Z_K of every block (the release in the rotated domain), shape ``(n, b)``."""

@@ -190,8 +190,10 @@ def test_options_are_checked() -> None:
     for bad in ({"block_size": 0}, {"alpha": 1.0}, {"clip": -1.0}, {"spread": math.nan}):
         with pytest.raises(ValueError):
             PPRCodec(**bad)
+    with pytest.raises(ValueError, match="coder must be one of"):
+        PPRCodec(coder="gamma")
     with pytest.raises(ValueError, match="unknown"):
-        get_codec("ppr", coder="ans")
+        get_codec("ppr", lattice="D4")
 
 
 def test_the_rate_at_eps_16() -> None:

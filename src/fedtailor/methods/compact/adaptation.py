@@ -126,7 +126,9 @@ class CompactConfig(Section):
         "the private variant's sigma",
     )
     codec: Literal["dg-fp32", "dg-q12", "layered", "lrsuq", "ppr"] = "dg-fp32"
-    coder: Literal["ans", "elias"] = Field("ans", description="entropy coder of the layered/lrsuq codecs")
+    coder: Literal["ans", "elias"] = Field(
+        "ans", description="entropy coder of the layered/lrsuq codecs and of PPR's index"
+    )
     block_size: int = Field(4, ge=1, le=32, description="b, block size of LRSUQ (1-8) and PPR (1-32)")
     ppr_alpha: float = Field(
         8.0, gt=1, description="PPR's alpha: the index is 2 alpha eps-DP against the decoder for an eps-DP mechanism"
@@ -900,6 +902,7 @@ def _codec_options(cfg: CompactConfig) -> dict[str, Any]:
             "alpha": cfg.ppr_alpha,
             "clip": cfg.privacy.clip,
             "spread": cfg.ppr_spread,
+            "coder": cfg.coder,
         }
     return {"coder": cfg.coder} if cfg.codec == "layered" else {}
 
