@@ -1,5 +1,6 @@
 """The pFedDPO paper's experiments for ``fedtailor reproduce``, on ``configs/pfeddpo/hh-rlhf.toml`` (HH-RLHF with
-SmolLM2): pFedDPO against vanilla FedDPO and centralized DPO, and the LoRA-rank and participation ablations."""
+SmolLM2): pFedDPO against vanilla FedDPO and centralized DPO, the LoRA-rank and participation ablations, and the two
+federated methods under pair-level DP."""
 
 from __future__ import annotations
 
@@ -71,6 +72,23 @@ register_experiment(
         seeds=SEEDS,
         x_axis="clients_per_round",
         reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO at each S
+    ),
+    Experiment(
+        "pfeddpo-private",
+        "pFedDPO and FedDPO with pair-level DP-SGD at eps 8 (delta 1e-5, each client's own secure noise) on HH-RLHF "
+        "with SmolLM2, the paper's random partition, 80 rounds; the rows without noise are pfeddpo-hh's",
+        (
+            Block(
+                "eps8",
+                "configs/pfeddpo/hh-rlhf.toml",
+                (("method.name", ("pfeddpo", "feddpo")),),
+                ('data.preference_split="random"', "method.record_dp.epsilon=8"),
+            ),
+        ),
+        quick=DPO_QUICK,
+        metrics=DPO_METRICS,
+        seeds=SEEDS,
+        reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO, client by client
     ),
     module=__name__,
 )
