@@ -2,21 +2,24 @@
 
 * ``elias``: an Elias-gamma group (:mod:`fedtailor.codecs.bits`): ``2 m_j + 1`` bits a block, where
   ``m_j = floor(log2 K_j)``; universal, no model.
-* ``ans`` (the default): ``K_j = 2^m_j + l_j`` with ``0 <= l_j < 2^m_j``. The exponents ``m_j`` are coded by ANS
-  (``constriction``) with an adaptive model: the blocks are cut into chunks (16, 16, 32, 64, ... blocks, doubling)
-  and chunk ``c``'s exponents are coded with the law ``P(m) ∝ 1/2 + #{j in chunks before c : m_j = m}`` over
-  ``{0, ..., M}`` (Krichevsky-Trofimov counts; ``M = max_j m_j`` is sent), so the model is learnt from the release
-  itself, costs no header and is formed from integers on both sides (bit-identical on any IEEE-754 machine). The
-  low parts ``l_j`` follow as raw ``m_j``-bit fields: given ``m_j`` a PPR index is close to uniform on its octave.
+* ``ans`` (the default): with ``K_j = 2^m_j + l_j``, ``m_j = floor(log2 K_j)``, each index's *head* (``0`` for
+  ``K_j = 1``, else ``2 m_j - 1 + t_j`` with ``t_j`` the bit below the leading one: the exponent and the first bit
+  of ``l_j``) is coded by ANS (``constriction``) with an adaptive model: the blocks are cut into chunks (16, 16,
+  32, 64, ... blocks, doubling) and chunk ``c``'s heads are coded with the law ``P(s) ∝ 1/2 + #{j in chunks before
+  c : s_j = s}`` over ``{0, ..., 2M}`` (Krichevsky-Trofimov counts; ``M = max_j m_j`` is sent), so the model is
+  learnt from the release itself, costs no header and is formed from exact half-integer counts on both sides
+  (bit-identical on any IEEE-754 machine). The remaining ``m_j - 1`` bits of ``l_j`` follow raw: below its first
+  bit a PPR index is close to uniform on its octave.
 
 Why: gamma spends ``m_j + 1`` bits on the exponent, a unary code; at b = 16 the exponent's entropy is about
-2.9 bits against gamma's 3.8 (``docs/codecs.md``, "The index code"), and the gap grows with the block size. The
+3.0 bits against gamma's 3.8 (``docs/codecs.md``, "The index code"), and the gap grows with the block size. The
 message is a deterministic function of ``K`` in both codes, so the index's privacy against the decoder (alpha) is
 unchanged (post-processing).
 
 Layout of ``ans``: a bit section (gamma codes of ``M + 1`` and of ``W + 1``, ``W`` the number of 32-bit ANS words;
-then every ``l_j``; zero-padded to a byte) followed by the ``W`` words, little-endian. A decoder accepts only the
-canonical form (the words a fresh encoding of the decoded exponents gives, no bits left over).
+then every index's raw bits; zero-padded to a byte) followed by the ``W`` words, little-endian. A decoder accepts
+only the canonical form (the announced ``M`` occurring, the words a fresh encoding of the decoded heads gives, no
+ANS state or bits left over).
 """
 
 from __future__ import annotations
@@ -59,17 +62,26 @@ def _ans_words(m: np.ndarray, alphabet: int) -> np.ndarray:
     return coder.get_compressed()
 
 
+def heads(k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ANS symbol of each index (its head: ``0`` for ``K = 1``, else ``2 m - 1 + t``, ``t`` the bit below the
+    leading one) and the number of raw bits that follow it (``max(m - 1, 0)``)."""
+    m = bit_lengths(k)
+    below = np.maximum(m - 1, 0)
+    t = (k >> below) & 1  # for m >= 1 the bit below the leading one
+    return np.where(m == 0, 0, 2 * m - 1 + t).astype(np.int32), below
+
+
 def encode_indices(k: np.ndarray, coder: str) -> bytes:
     """The payload coding ``k`` (integers >= 1) with ``coder`` (``"ans"`` or ``"elias"``)."""
     writer = BitWriter()
     if coder == "elias":
         writer.gamma(k)
         return writer.getvalue()
-    m = bit_lengths(k)
-    top = int(m.max()) if m.size else 0
-    words = _ans_words(m.astype(np.int32), top + 1) if top > 0 else np.zeros(0, dtype=np.uint32)
+    symbols, below = heads(k)
+    top = int(bit_lengths(k).max()) if k.size else 0
+    words = _ans_words(symbols, 2 * top + 1) if top > 0 else np.zeros(0, dtype=np.uint32)
     writer.gamma(np.array([top + 1, words.size + 1]))
-    writer.low_bits(k - (np.int64(1) << m), m)
+    writer.low_bits(k & ((np.int64(1) << below) - 1), below)
     return writer.getvalue() + words.astype("<u4").tobytes()
 
 
@@ -81,7 +93,8 @@ def decode_indices(payload: bytes, count: int, coder: str, *, limit: int) -> np.
         reader.finish()
         return k
     top_limit = int(limit).bit_length() - 1
-    top, n_words = BitReader(payload).gamma(2, limit=max(top_limit + 1, len(payload) // 4 + 1)) - 1
+    header_limit = max(top_limit + 1, len(payload) // 4 + 1)
+    top, n_words = BitReader(payload).gamma(2, limit=header_limit) - 1
     if top > top_limit:
         raise CodecError(f"index exponent {top} exceeds the bound {top_limit}")
     if 4 * n_words > len(payload):
@@ -91,33 +104,35 @@ def decode_indices(payload: bytes, count: int, coder: str, *, limit: int) -> np.
     if top == 0:
         if n_words:
             raise CodecError("payload malformed: ANS words without exponents to code")
-        m = np.zeros(count, dtype=np.int64)
+        symbols = np.zeros(count, dtype=np.int64)
     else:
-        m = _decode_exponents(words, count, int(top) + 1)
+        symbols = _decode_heads(words, count, 2 * int(top) + 1)
+    m, t = np.divmod(symbols + 1, 2)
+    below = np.maximum(m - 1, 0)
     reader = BitReader(payload[:split])
-    reader.gamma(2, limit=max(top_limit + 1, len(payload) // 4 + 1))
-    k = (np.int64(1) << m) + reader.low_bits(m)
+    reader.gamma(2, limit=header_limit)
+    k = np.where(m == 0, 1, (np.int64(1) << m) + (t << below)) + reader.low_bits(below)
     reader.finish()
     if k.size and k.max() > limit:
         raise CodecError(f"index {k.max()} exceeds its bound {limit}")
     return k
 
 
-def _decode_exponents(words: np.ndarray, count: int, alphabet: int) -> np.ndarray:
+def _decode_heads(words: np.ndarray, count: int, alphabet: int) -> np.ndarray:
     try:
         coder = stream.stack.AnsCoder(words)
-        m = np.empty(count, dtype=np.int32)
+        symbols = np.empty(count, dtype=np.int32)
         counts = np.full(alphabet, 0.5)
         for start, stop in _chunks(count):
-            m[start:stop] = coder.decode(stream.model.Categorical(counts.copy(), perfect=False), stop - start)
-            counts += np.bincount(m[start:stop], minlength=alphabet)
+            symbols[start:stop] = coder.decode(stream.model.Categorical(counts.copy(), perfect=False), stop - start)
+            counts += np.bincount(symbols[start:stop], minlength=alphabet)
         empty = coder.is_empty()
     except ValueError as err:
         raise CodecError(f"ANS section invalid: {err}") from err
     if not empty:
         raise CodecError("payload corrupted: ANS data left over after the last index")
-    if alphabet - 1 not in m:
+    if symbols.max() < alphabet - 2:
         raise CodecError("payload is not in canonical form (the announced largest exponent does not occur)")
-    if not np.array_equal(_ans_words(m, alphabet), words):
+    if not np.array_equal(_ans_words(symbols, alphabet), words):
         raise CodecError("payload is not in canonical form (ANS words differ from a fresh encoding)")
-    return m.astype(np.int64)
+    return symbols.astype(np.int64)

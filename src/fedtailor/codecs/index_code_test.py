@@ -8,7 +8,7 @@ import pytest
 
 from fedtailor.codecs.base import CodecError
 from fedtailor.codecs.bits import BitWriter, bit_lengths, gamma_bits
-from fedtailor.codecs.index_code import _ans_words, decode_indices, encode_indices
+from fedtailor.codecs.index_code import _ans_words, decode_indices, encode_indices, heads
 
 LIMIT = 2**24
 
@@ -42,18 +42,20 @@ def test_round_trip_is_bit_exact(coder: str, k: np.ndarray) -> None:
 
 
 def test_ans_comes_within_a_learning_cost_of_the_exponents_empirical_entropy() -> None:
-    """The exponents cost at most n H(m) + (M + 1) (log2 n + 2) bits (the adaptive model's learning cost), the low
-    parts exactly sum m_j bits; with spread exponents that is well under gamma's unary prefixes. A model that did
-    not adapt (flat over 0..M) would pay n log2(M + 1) and fail the bound."""
+    """The heads (exponent and first low bit) cost at most n H(head) + A (log2 n + 2) / 2 bits (A = 2M + 1 symbols:
+    the adaptive model's learning cost), the rest exactly sum max(m_j - 1, 0) raw bits; with spread exponents
+    that is well under gamma's unary prefixes. A model that did not adapt (flat over the A symbols) would pay
+    n log2 A and fail the bound."""
     k = ppr_like(2048, 3)
-    m = bit_lengths(k)
-    p = np.bincount(m) / m.size
+    symbols, below = heads(k)
+    p = np.bincount(symbols) / symbols.size
     entropy = -np.sum(p[p > 0] * np.log2(p[p > 0]))
     bits = 8 * len(encode_indices(k, "ans"))
-    learning = (m.max() + 1) * (np.log2(m.size) + 2)
-    assert bits <= m.size * entropy + m.sum() + learning + 64
+    alphabet = 2 * bit_lengths(k).max() + 1
+    learning = alphabet * (np.log2(k.size) + 2) / 2
+    assert bits <= k.size * entropy + below.sum() + learning + 64
     assert bits < 0.9 * gamma_bits(k)
-    assert m.size * np.log2(m.max() + 1) > m.size * entropy + learning  # the bound separates a flat model
+    assert k.size * np.log2(alphabet) > k.size * entropy + learning  # the bound separates a flat model
 
 
 def test_hostile_payloads_are_rejected() -> None:
@@ -72,11 +74,12 @@ def test_hostile_payloads_are_rejected() -> None:
             pytest.fail(f"{name} accepted")
     with pytest.raises(CodecError):
         decode_indices(encode_indices(np.array([LIMIT]), "ans"), 1, "ans", limit=LIMIT - 1)
-    # the same exponents announced with a larger alphabet than they use: decodable, but not the canonical form
-    m = bit_lengths(k)
-    words = _ans_words(m.astype(np.int32), int(m.max()) + 2)
+    # the same heads announced with a larger exponent than any index has: decodable, but not the canonical form
+    symbols, below = heads(k)
+    top = int(bit_lengths(k).max()) + 1
+    words = _ans_words(symbols, 2 * top + 1)
     writer = BitWriter()
-    writer.gamma(np.array([m.max() + 2, words.size + 1]))
-    writer.low_bits(k - (np.int64(1) << m), m)
+    writer.gamma(np.array([top + 1, words.size + 1]))
+    writer.low_bits(k & ((np.int64(1) << below) - 1), below)
     with pytest.raises(CodecError, match="canonical"):
         decode_indices(writer.getvalue() + words.astype("<u4").tobytes(), k.size, "ans", limit=LIMIT)
