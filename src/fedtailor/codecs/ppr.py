@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algori
 from scipy import special
 
 from fedtailor.codecs.base import Codec, CodecError, check_dim, check_input, check_key, check_sigma
-from fedtailor.codecs.format import Frame, open_message, seal
+from fedtailor.codecs.format import CODER_NAMES, Frame, open_message, seal
 from fedtailor.codecs.index_code import CODERS, decode_indices, encode_indices
 from fedtailor.codecs.lrsuq import KeyStream
 from fedtailor.privacy.noise import KEY_BITS, open_unit
@@ -227,7 +227,8 @@ class PPRCodec(Codec):
         self.clip, self.spread = float(clip), float(spread)
         self.name = name
         self.words_per_candidate = 2 * (-(-self.block_size // 2))
-        self.frame = Frame(CODEC_ID, 0, {"elias": 1, "ans": 2}[coder], self.block_size)
+        coder_id = next(i for i, name in CODER_NAMES.items() if name == coder)
+        self.frame = Frame(CODEC_ID, 0, coder_id, self.block_size)
 
     def __repr__(self) -> str:
         return (
