@@ -11,8 +11,9 @@
   (bit-identical on any IEEE-754 machine). The remaining ``m_j - 1`` bits of ``l_j`` follow raw: below its first
   bit a PPR index is close to uniform on its octave.
 
-Why: gamma spends ``m_j + 1`` bits on the exponent, a unary code; at b = 16 the exponent's entropy is about
-3.0 bits against gamma's 3.8 (``docs/codecs.md``, "The index code"), and the gap grows with the block size. The
+Why: gamma spends ``m_j + 1`` bits on the exponent, a unary code, whose excess over the exponent's entropy grows
+with the block size (``docs/codecs.md``, "The index code"; ``benchmarks/bench_ppr.py`` measures both codes on the
+same indices). The
 message is a deterministic function of ``K`` in both codes, so the index's privacy against the decoder (alpha) is
 unchanged (post-processing).
 
