@@ -10,6 +10,7 @@ k / k_small (a dense matrix product costs linearly in k).
     python benchmarks/bench_compact_round.py --device cuda   # the records, model and P on a GPU (timings synced)
     python benchmarks/bench_compact_round.py --allocator     # glibc keeping freed memory or not (fresh processes)
     python benchmarks/bench_compact_round.py --blas 60       # numpy's BLAS on one thread or not (fresh processes)
+    python benchmarks/bench_compact_round.py --full-space    # Full-DG / Global's release input: batched vs per-record
 
 Like the command line, the benchmark first has glibc keep freed memory (fedtailor.allocator.keep_freed_memory) and
 numpy's BLAS run on one thread (fedtailor.blas.single_thread_numpy_blas);
@@ -201,6 +202,39 @@ def blas_rows(pairs: int, *, rounds: int, threads: int) -> list[dict]:
     ]
 
 
+def full_space_rows(repeat: int) -> list[dict]:
+    """The release input u of a Full-DG client (m_g = 333, d = 85,822) both ways in one process: per-record
+    gradients by vmap then the clipped mean (the path with diagnostics on, and before) against the clipped sum of
+    one batched pass (ghost clipping, the default); medians over ``repeat`` rounds after one warm-up."""
+    got: dict[str, list[float]] = {"per-record": [], "batched": []}
+    methods = {}
+    for mode, extra in (("per-record", ["method.diagnostics=true"]), ("batched", [])):
+        cfg = load_config("configs/compact/mnist-eps16.toml", ['method.variant="full-dg"', *extra])
+        setup = build_setup(cfg)
+        methods[mode] = (build_method(setup), setup)
+    a = torch.zeros(methods["batched"][0].d)
+    cid = int(methods["batched"][1].schedule[0, 0])
+    for rnd in range(1, repeat + 2):
+        for mode, (method, setup) in methods.items():
+            t0 = _now()
+            method.release_input(a, rnd, setup.clients[cid])
+            if rnd > 1:
+                got[mode].append(_now() - t0)
+    base = statistics.median(got["per-record"])
+    names = {
+        "per-record": "per-record gradients (vmap) + clipped mean (diagnostics on; before)",
+        "batched": "clipped sum from one batched pass (ghost clipping; default)",
+    }
+    return [
+        {
+            "Full-DG release input": names[mode],
+            "ms per client": 1e3 * statistics.median(times),
+            "time vs per-record": statistics.median(times) / base,
+        }
+        for mode, times in got.items()
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -216,7 +250,19 @@ def main() -> None:
     )
     ap.add_argument("--allocator", action="store_true", help="only the allocator comparison (fresh processes)")
     ap.add_argument("--blas", type=int, metavar="ROUNDS", help="only the numpy-BLAS comparison over ROUNDS rounds")
+    ap.add_argument("--full-space", action="store_true", help="only Full-DG's release input, batched vs per-record")
     args = ap.parse_args()
+    if args.full_space:
+        keep_freed_memory()
+        single_thread_numpy_blas()
+        torch.set_num_threads(args.threads)
+        report(
+            "Compact adaptation, Full-DG / Global: one client's release input (m_g = 333, LeNet), "
+            f"{args.threads} threads",
+            full_space_rows(args.repeat),
+            notes=f"medians over {args.repeat} rounds after one warm-up, the two paths alternated in one process.",
+        )
+        return
     if args.blas:
         report(
             f"Compact adaptation, {args.blas} rounds of the MNIST run, {args.threads} threads: numpy's BLAS pool",

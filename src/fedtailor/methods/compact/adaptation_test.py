@@ -102,6 +102,26 @@ def test_release_noise_has_the_calibrated_sigma(codec):
     assert abs(e.mean()) < 4 / math.sqrt(len(e))
 
 
+@pytest.mark.parametrize("variant", ["full-dg", "global"])
+def test_full_space_release_input_from_one_batched_pass_is_the_per_record_clipped_mean(variant):
+    """Full-space variants form u by ghost clipping (no (m_g, d) gradients); with diagnostics on they take the
+    per-record path. Both give the same u (float rounding apart) and only the latter returns the gradients."""
+    clip = "method.privacy.clip=5.5"  # between the records' gradient norms (about 4.5 to 7): some clip, some not
+    setup, fast = small(f'method.variant="{variant}"', clip)
+    _, slow = small(f'method.variant="{variant}"', clip, "method.diagnostics=true")
+    torch.manual_seed(0)
+    cid = int(setup.schedule[0, 0])
+    for rnd in (1, 2):
+        a = torch.randn(fast.d) * 0.05  # away from theta_ref, so that some records clip and some do not
+        none, u = fast.release_input(a, rnd, setup.clients[cid])
+        grads, u_ref = slow.release_input(a, rnd, setup.clients[cid])
+        norms = torch.linalg.vector_norm(grads, dim=1)
+        assert none is None and grads.shape == (60, fast.d)
+        assert (norms > 5.5).any() and (norms < 5.5).any()
+        np.testing.assert_allclose(u, u_ref, rtol=0, atol=1e-6 * np.abs(u_ref).max())
+        assert 0 < np.linalg.norm(u) <= 5.5 * (1 + 1e-6)
+
+
 def test_ledger_matches_the_accountant_for_the_realised_schedule():
     setup, method = small()
     result = run_federated(method, setup.clients, setup.schedule, progress=False)
