@@ -227,13 +227,17 @@ def dp_sgd(
     project: Callable[[Params], Params] | None = None,
     model: nn.Module | None = None,
     release: ReleaseFn | None = None,
+    penalty: Callable[[Params], Params] | None = None,
 ) -> tuple[Params, float, int]:
     """``epochs`` passes of DP-SGD (module docstring) on ``loss_fn(params, aux, x_batch, y_batch)`` (a mean over
     the batch) over the names in ``trainable``; step ``s`` samples with ``uniforms(s, N)`` and adds
     ``noise(s, size)`` (standard normal) scaled by ``zeta C``. Returns the new parameters (inputs unchanged),
     the mean loss over the sampled records (not private: for the caller's divergence check only) and the
     number of noisy steps. With ``model`` (the loss then being the plain cross-entropy of ``model``), the clipped
-    sums come from :func:`layer_clipped_sum` (one batched pass) instead of per-record autograd."""
+    sums come from :func:`layer_clipped_sum` (one batched pass) instead of per-record autograd. ``penalty``: the
+    gradient, at the current parameters, of a term of the objective that reads no record (FedProx's and Ditto's
+    proximal term), added to each step's noisy gradient: a function of the parameters (earlier steps' releases)
+    and of public values alone, so post-processing, with the clip spent on the records' gradients only."""
     if len(x) == 0:
         raise ValueError("DP-SGD got no records.")
     names = [n for n in params if n in set(trainable)]
@@ -278,9 +282,10 @@ def dp_sgd(
         else:  # the caller realises the Gaussian mechanism (a codec): the whole clipped sum in, its release out
             flat = release(step, names, flat).to(x.device)
         noisy = unflatten_like(flat.to(dtype) / (q * len(x)), shapes)
+        extra = penalty(theta) if penalty is not None else {}
         with torch.no_grad():
             for n in names:
-                g = noisy[n]
+                g = noisy[n] + extra[n] if n in extra else noisy[n]
                 if momentum:
                     velocity[n] = velocity[n].mul(momentum).add_(g)
                     g = velocity[n]

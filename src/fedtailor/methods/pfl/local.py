@@ -325,6 +325,20 @@ class LocalTraining(Method[SharedState, PersonalState]):
         theta, loss = self.sgd(theta, data, rnd)
         return theta, extra, loss
 
+    def _proximal_outside_clip(self, objective: Objective) -> bool:
+        """Whether record-level DP-SGD adds ``objective``'s proximal term to the noisy gradient instead of clipping
+        it with each record's: when the term is all the objective adds to the cross-entropy, without momentum and
+        with ``eta mu <= 1``. Each step then contracts ``theta - anchor`` by ``1 - eta mu`` before its noisy move,
+        so the release bound of the wrapper, a sum of the noisy moves, still holds."""
+        plain_rest = objective.offset is None and not objective.personal_head and not objective.mixture
+        return (
+            plain_rest
+            and objective.mu > 0
+            and bool(objective.anchor)
+            and not self.momentum
+            and self.lr * objective.mu <= 1.0
+        )
+
     @functools.cached_property
     def _layerwise(self) -> bool:
         """Whether every parameter is a Linear or Conv2d weight or bias (record-level DP's batched clipped sums)."""
@@ -451,9 +465,16 @@ class LocalTraining(Method[SharedState, PersonalState]):
             if isinstance(data, ClientBatch):
                 raise RuntimeError("record-level DP runs a round's clients one by one (vectorize is off).")
             x, y = data.train
-            # the plain cross-entropy of a Linear/Conv2d model: clipped sums from one batched pass
-            model = self.model if not custom and objective.plain and self._layerwise else None
-            return self.private_sgd.run(loss, theta, x, y, aux=aux, project=project, model=model, **common)
+            # the cross-entropy of a Linear/Conv2d model: clipped sums from one batched pass (a proximal term
+            # added to the noisy gradient when that keeps the release bound, see _proximal_outside_clip)
+            prox = not custom and self._proximal_outside_clip(objective)
+            model = self.model if not custom and (objective.plain or prox) and self._layerwise else None
+            penalty = functools.partial(proximal_gradient, anchor=objective.anchor, mu=objective.mu) if prox else None
+            if model is None:
+                penalty = None  # the per-record path keeps the term inside each record's loss
+            return self.private_sgd.run(
+                loss, theta, x, y, aux=aux, project=project, model=model, penalty=penalty, **common
+            )
         if isinstance(data, ClientBatch):
             xs, ys = [d.train[0] for d in data.clients], [d.train[1] for d in data.clients]
             generators = [self.batches(rnd, d.cid, *tag) for d in data.clients]
@@ -644,3 +665,8 @@ def _check_loss(loss: float, cid: int, rnd: int) -> None:
 def prox_term(theta: Params, anchor: Params, mu: float) -> torch.Tensor:
     """(mu / 2) sum_n ||theta[n] - anchor[n]||^2 over the names of ``anchor``."""
     return 0.5 * mu * sum((theta[n] - a).pow(2).sum() for n, a in anchor.items())
+
+
+def proximal_gradient(theta: Params, *, anchor: Params, mu: float) -> Params:
+    """The gradient of :func:`prox_term`: ``mu (theta[n] - anchor[n])`` for the names of ``anchor``."""
+    return {n: mu * (theta[n] - a) for n, a in anchor.items()}

@@ -226,6 +226,59 @@ def test_a_dp_sgd_step_is_the_noisy_clipped_sum_over_the_sampled_records_by_hand
     torch.testing.assert_close(new["w"], want, rtol=1e-12, atol=1e-12)
 
 
+def test_a_proximal_penalty_is_added_to_the_noisy_step_outside_the_clip_by_hand():
+    """The step of the test above with ``penalty`` (FedProx's and Ditto's proximal gradient ``mu (w - a)``): ``w -
+    eta ((sum_i clip_C(g_i) + zeta C z) / (q N) + mu (w - a))``, the clip applied to the records' gradients alone;
+    the anchor lies far away (||w - a|| = 40), so a clip over the penalty would cap the pull toward it."""
+    from fedtailor.methods.pfl.local import proximal_gradient
+    from fedtailor.privacy.dpsgd import dp_sgd
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    a = w + 40 * torch.nn.functional.normalize(
+        torch.randn(3, 4, generator=gen, dtype=torch.float64).reshape(-1), dim=0
+    ).reshape(3, 4)
+    x, y = torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
+    loss = lambda p, aux, xb, yb: torch.nn.functional.cross_entropy(xb @ p["w"].T, yb)
+    z = torch.randn(12, generator=gen, dtype=torch.float64)
+    new, _, _ = dp_sgd(
+        loss, {"w": w}, x, y, trainable={"w"}, epochs=1, batch_size=6, lr=0.5, clip=0.3, noise_multiplier=1.7,
+        uniforms=lambda s, n: torch.zeros(n, dtype=torch.float64), noise=lambda s, size: z,
+        penalty=lambda p: proximal_gradient(p, anchor={"w": a}, mu=1.2),
+    )  # fmt: skip
+    total = torch.zeros_like(w)
+    for i in range(6):
+        wi = w.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(loss({"w": wi}, {}, x[i : i + 1], y[i : i + 1]), [wi])
+        total += g * min(1.0, 0.3 / float(g.norm()))
+    want = w - 0.5 * ((total + 1.7 * 0.3 * z.reshape(3, 4)) / 6 + 1.2 * (w - a))
+    torch.testing.assert_close(new["w"], want, rtol=1e-12, atol=1e-12)
+    assert float((new["w"] - a).norm()) < 0.5 * 40  # the pull toward the anchor is not clipped
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+@pytest.mark.parametrize("name", ["fedprox", "ditto"])
+def test_record_dp_takes_the_batched_pass_for_the_proximal_bases_unless_momentum(name, momentum, monkeypatch):
+    """FedProx and Ditto under record-level DP: the clipped sums come from one batched pass (the proximal term
+    added after the noise), with momentum from per-record autograd (the term inside each record's loss); the
+    honest replies pass the release bound either way."""
+    import fedtailor.privacy.dpsgd as dpsgd
+
+    calls = []  # (batched pass, penalty) of every local DP-SGD run
+    real = dpsgd.dp_sgd
+    spy = lambda *a, **kw: calls.append((kw["model"] is not None, kw["penalty"] is not None)) or real(*a, **kw)
+    monkeypatch.setattr(dpsgd, "dp_sgd", spy)
+    setup, method = build(name, *RECORD, f"method.momentum={momentum}")
+    server = start(method, setup.clients).server
+    cids = [int(c) for c in setup.schedule[0]]
+    _, replies = _fit(method, server, setup, 1, cids)
+    for c in cids:
+        method.validate_reply(server, "fit", 1, c, replies[c][0])
+    prox = (True, True) if momentum == 0.0 else (False, False)  # the proximal run: batched + penalty, or autograd
+    per_client = [prox, (True, False)] if name == "ditto" else [prox]  # Ditto's global model: plain cross-entropy
+    assert sorted(calls) == sorted(per_client * len(cids))
+
+
 def test_one_record_moves_the_pre_noise_sum_by_at_most_the_clip():
     from fedtailor.privacy.dpsgd import clipped_sum
 
