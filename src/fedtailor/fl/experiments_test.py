@@ -19,7 +19,7 @@ def test_the_listing_order_does_not_depend_on_what_was_imported_first():
     )
     names = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
     assert names == list(experiments.EXPERIMENTS)
-    assert names[0] == "compact-table1-mnist" and names[-1] == "pfeddpo-private"
+    assert names[0] == "compact-table1-mnist" and names[-1] == "pfeddpo-private-reduced"
 
 
 def test_a_name_is_registered_once():

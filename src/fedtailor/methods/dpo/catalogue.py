@@ -16,6 +16,8 @@ DPO_QUICK = (
 )
 DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
 
+# the private comparison at a scale this CPU fits: 10 rounds, one evaluation at the end
+DPO_REDUCED = ("federation.rounds=10", "federation.eval_every=10", 'data.preference_split="random"')
 SPLITS = ("data.preference_split", ("random", "length"))  # the paper's random partition; clients that differ
 SEEDS = (41, 42, 43)
 
@@ -84,6 +86,25 @@ register_experiment(
                 (("method.name", ("pfeddpo", "feddpo")),),
                 ('data.preference_split="random"', "method.record_dp.epsilon=8"),
             ),
+        ),
+        quick=DPO_QUICK,
+        metrics=DPO_METRICS,
+        seeds=SEEDS,
+        reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO, client by client
+    ),
+    Experiment(
+        "pfeddpo-private-reduced",
+        "pFedDPO and FedDPO with pair-level DP-SGD at eps 8 and without noise at the scale this 2-core CPU fits: "
+        "10 rounds (30 noisy steps a client) on HH-RLHF with SmolLM2, the paper's random partition, evaluated at "
+        "the last round; pfeddpo-private is the paper's 80 rounds",
+        (
+            Block(
+                "eps8",
+                "configs/pfeddpo/hh-rlhf.toml",
+                (("method.name", ("pfeddpo", "feddpo")),),
+                (*DPO_REDUCED, "method.record_dp.epsilon=8"),
+            ),
+            Block("no-noise", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("pfeddpo", "feddpo")),), DPO_REDUCED),
         ),
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
