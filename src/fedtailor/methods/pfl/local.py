@@ -331,13 +331,7 @@ class LocalTraining(Method[SharedState, PersonalState]):
         with ``eta mu <= 1``. Each step then contracts ``theta - anchor`` by ``1 - eta mu`` before its noisy move,
         so the release bound of the wrapper, a sum of the noisy moves, still holds."""
         plain_rest = objective.offset is None and not objective.personal_head and not objective.mixture
-        return (
-            plain_rest
-            and objective.mu > 0
-            and bool(objective.anchor)
-            and not self.momentum
-            and self.lr * objective.mu <= 1.0
-        )
+        return plain_rest and bool(objective.anchor) and not self.momentum and self.lr * objective.mu <= 1.0
 
     @functools.cached_property
     def _layerwise(self) -> bool:
