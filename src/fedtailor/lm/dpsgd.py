@@ -36,6 +36,11 @@ Params = dict[str, torch.Tensor]
 NOISE_CHUNK = 1 << 18
 
 
+def _norm64(g: torch.Tensor) -> torch.Tensor:
+    """``||g||_2`` accumulated in float64."""
+    return torch.linalg.vector_norm(g, dtype=torch.float64)
+
+
 def clipped_pair_sum(
     model: Any,
     params: Params,
@@ -57,7 +62,8 @@ def clipped_pair_sum(
         out = dpo_on(model, tokens, ref, j, beta=beta, precision=precision)
         out.loss.backward()
         grads = {n: p.grad for n, p in params.items() if p.grad is not None}
-        norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads.values()))
+        # the joint norm in float64 (the reduction upcasts as it reads: no float64 copy of 135M gradients)
+        norm = float(torch.linalg.vector_norm(torch.stack([_norm64(g) for g in grads.values()])))
         scale = min(1.0, clip / norm) if norm > 0 else 1.0
         for n, g in grads.items():
             sums[n].add_(g, alpha=scale)
@@ -97,12 +103,14 @@ def private_dpo_steps(
         )
         losses += step_losses
         for i, (name, p) in enumerate(params.items()):
-            noisy = sums[name].double().reshape(-1)
+            clipped, grad = sums[name].reshape(-1), torch.empty_like(p)
+            flat = grad.view(-1)
             for j, start in enumerate(range(0, p.numel(), NOISE_CHUNK)):  # a stream per chunk: memory stays small
                 size = min(NOISE_CHUNK, p.numel() - start)
                 z = secure_gaussian_noise(key, "noise", step, i, j, sigma=noise_multiplier * clip, size=size)
-                noisy[start : start + size] += torch.from_numpy(np.asarray(z)).to(p.device)
-            p.grad = (noisy.reshape(p.shape) / (q * n)).to(p.dtype)
+                part = clipped[start : start + size].double() + torch.from_numpy(np.asarray(z)).to(p.device)
+                flat[start : start + size] = part / (q * n)  # (sum + noise) / (q N) in float64, then p's dtype
+            p.grad = grad
         opt.step()
         opt.zero_grad(set_to_none=True)
     if not all(math.isfinite(v) for v in losses):

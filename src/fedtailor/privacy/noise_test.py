@@ -169,3 +169,25 @@ def test_the_simulation_sampler_is_unchanged() -> None:
     w[:4] = [0, 4095, 2**64 - 1, (2**52 - 1) << 12]
     ref = ((w >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
     np.testing.assert_array_equal(open_unit(w).view(np.uint64), ref.view(np.uint64))
+    inplace = w.copy()
+    np.testing.assert_array_equal(open_unit(inplace, inplace=True).view(np.uint64), ref.view(np.uint64))
+    np.testing.assert_array_equal(inplace.view(np.uint64), ref.view(np.uint64))  # the uniforms in the words' memory
+
+
+def test_the_secure_stream_is_the_chacha20_keystream_of_its_derived_key() -> None:
+    """The words are ChaCha20's keystream (RFC 8439 test vector: all-zero key and nonce, block 0) of the key that
+    ``stream_words(key, "chacha20", *label)`` derives, read as little-endian uint64, and writable (so the
+    uniforms can be formed in place); a stream of 0 words is empty."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    block0 = bytes.fromhex(
+        "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+        "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586"
+    )  # RFC 8439, section 2.3.2's first test vector
+    assert Cipher(algorithms.ChaCha20(bytes(32), bytes(16)), mode=None).encryptor().update(bytes(64)) == block0
+    key = fresh_key()
+    raw = stream_words(key, "chacha20", "gaussian", 3, count=4).tobytes()
+    want = Cipher(algorithms.ChaCha20(raw, bytes(16)), mode=None).encryptor().update(bytes(8 * 1001))
+    got = secure_stream_words(key, "gaussian", 3, count=1001)
+    assert got.tobytes() == want and got.flags.writeable
+    assert secure_stream_words(key, "gaussian", 3, count=0).size == 0

@@ -241,6 +241,42 @@ def test_one_pair_moves_the_clipped_sum_by_at_most_the_clip_over_base_and_adapte
         torch.testing.assert_close(single[n], method.params[n].grad, rtol=1e-6, atol=1e-9)
 
 
+def test_a_private_dpo_step_is_the_noisy_clipped_sum_over_the_sampled_pairs_by_hand(monkeypatch):
+    """One step of ``private_dpo_steps`` with plain SGD at lr 1: every trained tensor moves by ``(sum_j clip_C(g_j)
+    + zeta C z) / (q N)``, the pairs j those whose uniform of the key's ``("sample", 0)`` stream is below q, z the
+    step's secure noise tensor by tensor and chunk by chunk (the chunk made small here, so that tensors span
+    several)."""
+    import fedtailor.lm.dpsgd as lm_dpsgd
+    from fedtailor.lm.dpsgd import clipped_pair_sum, private_dpo_steps
+    from fedtailor.privacy.noise import open_unit, secure_gaussian_noise, secure_stream_words
+
+    monkeypatch.setattr(lm_dpsgd, "NOISE_CHUNK", 7)
+    method, clients = _private(), _clients()
+    state = start(method, clients)
+    data, ref = clients[0], state.clients[0].ref_train
+    method._load(state.server.base, None)
+    trained = {n: method.params[n] for n in (*method.base_names, *method.adapter_names)}
+    before = {n: p.detach().clone() for n, p in trained.items()}
+    key, clip, zeta, n, q = 12345, 0.05, 0.7, len(ref), 4 / len(ref)
+    chosen = (torch.from_numpy(open_unit(secure_stream_words(key, "sample", 0, count=n))) < q).nonzero().reshape(-1)
+    assert 0 < len(chosen) < n
+    sums, _ = clipped_pair_sum(method.model, trained, data.train, ref, chosen, beta=0.5, clip=clip)
+    opt = torch.optim.SGD(trained.values(), lr=1.0)
+    private_dpo_steps(
+        method.model, trained, opt, data.train, ref, steps=1, batch_size=4, beta=0.5, clip=clip,
+        noise_multiplier=zeta, key=key,
+    )  # fmt: skip
+    for i, (name, p) in enumerate(trained.items()):
+        z = np.concatenate(
+            [
+                secure_gaussian_noise(key, "noise", 0, i, j, sigma=zeta * clip, size=min(7, p.numel() - start))
+                for j, start in enumerate(range(0, p.numel(), 7))
+            ]
+        )
+        step = (sums[name].double().reshape(-1) + torch.from_numpy(z)) / (q * n)
+        torch.testing.assert_close(p.detach(), before[name] - step.reshape(p.shape).to(p.dtype), rtol=1e-6, atol=1e-7)
+
+
 def test_a_private_run_sends_the_base_alone_and_reports_the_eps_of_dp_accounting():
     """pFedDPO under record_dp: each reply carries the base and the public pair count only; the ledger holds one
     release per participation; every client's eps equals dp-accounting's RDP composition of its Poisson-subsampled
