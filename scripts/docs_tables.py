@@ -483,7 +483,7 @@ def dp_utility(root: Path) -> str:
         bits = row.get("uplink_bits_per_coefficient (mean)")
         sent = f" ({float(bits):.3f} bits a value sent)" if bits else ""
         body.append([DP_LEVELS["client"], f"FedAvg + FedLAG, LRSUQ uplink{sent}", "-", "-", _dp_cell(row), "-"])
-    return table(["DP", "method", "eps 1", "eps 4", "eps 8", "no noise (clip only)"], body)
+    return table(["DP", "method", "eps 1", "eps 4", "eps 8", "without DP"], body)
 
 
 def _dp_cell(row: dict[str, str] | None) -> str:
@@ -509,7 +509,7 @@ def dp_utility_fedlag(root: Path) -> str:
         body.append(
             [
                 f"{DP_BASES[base]}, {level}",
-                "no noise" if eps == "inf" else eps,
+                "without DP" if eps == "inf" else eps,
                 r["mean"],
                 r["seeds ci95"] or "-",
                 r["per seed"],
