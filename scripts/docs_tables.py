@@ -792,6 +792,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-table1-tuned-paired": compact_paired("compact-table1-mnist", TUNED_TABLE1),
     "compact-table1-tuned-by-eps": compact_table1_by_eps("compact-table1-mnist-tuned"),
     "compact-table1-eps16-steps": compact_table1_by_eps("compact-table1-mnist-eps16-steps"),
+    "compact-table1-fmnist-tuned": compact_tuned("compact-table1-fmnist", TUNED_TABLE1),
+    "compact-table1-fmnist-tuned-paired": compact_paired("compact-table1-fmnist", TUNED_TABLE1),
     "compact-controls-tuned": compact_tuned("compact-controls-mnist", TUNED_CONTROLS),
     "compact-k": compact_k,
     "compact-controls-tuned-paired": compact_paired("compact-controls-mnist", TUNED_CONTROLS),
