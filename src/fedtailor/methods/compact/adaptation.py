@@ -61,7 +61,7 @@ from fedtailor.fl.records import Abstained, ClientData, InvalidMessage, Message,
 from fedtailor.fl.registry import register_method
 from fedtailor.fl.schedule import participation_counts
 from fedtailor.models.flat import FlatLayout, get_flat
-from fedtailor.models.layerwise import Allocation, LayerKroneckerSubspace
+from fedtailor.models.layerwise import Allocation, LayerKroneckerSubspace, model_layers
 from fedtailor.models.parts import channels_last_convolutions
 from fedtailor.models.subspace import SubspaceKind, make_subspace
 from fedtailor.privacy.calibrate import calibrate_sigma, gradient_sensitivity
@@ -614,6 +614,15 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
         grads = per_example_gradients(self.model, F.cross_entropy, x, y, params=params)
         return self.P.project(grads) if self.coefficient else grads
 
+    @functools.cached_property
+    def _batched_full_space(self) -> bool:
+        """Full space and a model of Linear and Conv2d layers only: the clipped sum from one batched pass."""
+        try:
+            model_layers(self.model)
+        except ValueError:  # per-record autograd instead
+            return False
+        return not self.coefficient
+
     def release_input(self, a: torch.Tensor, rnd: int, data: ClientData) -> tuple[torch.Tensor | None, np.ndarray]:
         """(per-record coefficient gradients, the clipped mean u in float64) of client ``data.cid`` in round
         ``rnd`` at coefficients ``a``: the input of the release ``u + N(0, sigma^2 I_k)``. In the full space
@@ -625,14 +634,10 @@ class CompactAdaptation(Method[CompactState, CompactClient]):
             raise ValueError(f"client {data.cid} has {len(x)} training records, fewer than m_g={self.m_g}.")
         idx = self.batch_indices(rnd, data.cid, x)
         theta = self.theta(a)
-        if not self.coefficient and not self.cfg.diagnostics:
+        if self._batched_full_space and not self.cfg.diagnostics:
             params = self.layout.unflatten(theta)
-            try:
-                sums, _ = layer_clipped_sum(self.model, params, list(params), x[idx], y[idx], clip=self.clip)
-            except ValueError:  # a model outside the Linear / Conv2d form: per-record autograd below
-                pass
-            else:
-                return None, (self.layout.flatten(sums) / self.m_g).detach().double().cpu().numpy()
+            sums, _ = layer_clipped_sum(self.model, params, list(params), x[idx], y[idx], clip=self.clip)
+            return None, (self.layout.flatten(sums) / self.m_g).detach().double().cpu().numpy()
         grads = self.record_gradients(x[idx], y[idx], theta)
         u = clipped_mean(grads, clip=self.clip, denominator=self.m_g)
         return grads, u.detach().double().cpu().numpy()

@@ -461,11 +461,10 @@ class LocalTraining(Method[SharedState, PersonalState]):
             x, y = data.train
             # the cross-entropy of a Linear/Conv2d model: clipped sums from one batched pass (a proximal term
             # added to the noisy gradient when that keeps the release bound, see _proximal_outside_clip)
-            prox = not custom and self._proximal_outside_clip(objective)
-            model = self.model if not custom and (objective.plain or prox) and self._layerwise else None
+            batched = not custom and self._layerwise
+            prox = batched and self._proximal_outside_clip(objective)  # else the term stays in each record's loss
+            model = self.model if batched and (objective.plain or prox) else None
             penalty = functools.partial(proximal_gradient, anchor=objective.anchor, mu=objective.mu) if prox else None
-            if model is None:
-                penalty = None  # the per-record path keeps the term inside each record's loss
             return self.private_sgd.run(
                 loss, theta, x, y, aux=aux, project=project, model=model, penalty=penalty, **common
             )
