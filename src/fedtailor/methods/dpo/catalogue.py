@@ -107,7 +107,7 @@ register_experiment(
             Block("no-noise", "configs/pfeddpo/hh-rlhf.toml", (("method.name", ("pfeddpo", "feddpo")),), DPO_REDUCED),
         ),
         quick=DPO_QUICK,
-        metrics=DPO_METRICS,
+        metrics=(*DPO_METRICS, "epsilon_max", "noise_multiplier"),
         seeds=SEEDS,
         reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO, client by client
     ),

@@ -143,6 +143,19 @@ class ServerDPConfig(DPConfig):
     noise_multiplier: float | None = Field(
         None, gt=0, description="z = sigma / (2 C) of the noise on the sum instead of calibrating it to epsilon"
     )
+    adaptive_clip: bool = Field(
+        False,
+        description="C tracks a quantile of the update norms (Andrew et al. 2021): C <- C exp(-clip_lr (b - "
+        "target_quantile)), b the noisy fraction of updates within C; clip is the first round's C",
+    )
+    target_quantile: float = Field(0.5, gt=0, lt=1, description="gamma: the fraction of updates C leaves unclipped")
+    clip_lr: float = Field(0.2, gt=0, description="eta_C, the step of the geometric clip update")
+    count_noise: float | None = Field(
+        None,
+        gt=0,
+        description="sigma_b, the noise std on the count of unclipped updates (default m/20, the paper's); it must "
+        "exceed the round's noise multiplier z",
+    )
 
 
 class RecordDPConfig(_CodecDPConfig):

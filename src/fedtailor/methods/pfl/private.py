@@ -72,9 +72,11 @@ SERVER_MECHANISM = "server-aggregate"
 
 @dataclass
 class PrivateState(SharedState):
-    """The base's server state and the privacy ledger of the releases that reached the server."""
+    """The base's server state, the privacy ledger of the releases that reached the server and, under adaptive
+    clipping, the clip of the next round."""
 
     ledger: PrivacyLedger | None = None
+    clip: float | None = None
 
 
 class _PrivateRelease(Method[PrivateState, PersonalState]):
@@ -556,7 +558,17 @@ class ServerDP(_PrivateRelease):
     outputs (the shared values it sends, its logs, what it stores of the aggregate), not the server, which sees
     every update; the sampling credit assumes the schedule is secret from those observers (it follows from the
     config seed here, so the credit holds only while the seed is). FedLAG's conflict score reads the clients'
-    individual updates and is refused with this wrapper."""
+    individual updates and is refused with this wrapper.
+
+    Adaptive clipping (``adaptive_clip``; *Differentially Private Learning with Adaptive Clipping*, Andrew,
+    Thakkar, McMahan, Ramaswamy 2021, arXiv:1905.03871, Algorithm 1 with the geometric update): round ``t`` clips
+    at ``C_t`` (``C_1 = clip``), counts the accepted updates within it, ``B_t = sum_i 1[||update_i|| <= C_t]``, and
+    sets ``C_{t+1} = C_t exp(-eta_C (b_t - gamma))`` with ``b_t = (B_t + N(0, sigma_b^2)) / m``. Replacing one
+    client moves ``B_t`` by at most 1 and the sum by at most ``2 C_t``, so the round's pair of noisy sums is one
+    Gaussian mechanism of multiplier ``z = (z_u^-2 + sigma_b^-2)^(-1/2)`` (the paper's Theorem 1 under
+    replace-one), ``z_u`` the update noise's ``sigma_t / (2 C_t)``: ``z`` is calibrated as without adaptive
+    clipping and the update noise takes ``z_u = (z^-2 - sigma_b^-2)^(-1/2)`` (so ``sigma_b > z``); the ledger
+    records ``(2 C_t, 2 C_t z)``, the equivalent release."""
 
     mechanism = SERVER_MECHANISM
 
@@ -576,6 +588,17 @@ class ServerDP(_PrivateRelease):
         if self.noisy:
             self.noise_multiplier = cfg.noise_multiplier or self._calibrate()
         self.sigma = self.noise_multiplier * self.sensitivity
+        self.adaptive = cfg.adaptive_clip and self.noisy
+        self.count_noise, self.update_multiplier = 0.0, self.noise_multiplier
+        if self.adaptive:  # the count's noise takes its share of z, the update's noise the rest
+            self.count_noise = cfg.count_noise or self.per_round / 20
+            if self.count_noise <= self.noise_multiplier:
+                raise ValueError(
+                    f"server_dp.count_noise {self.count_noise:.4g} must exceed the noise multiplier "
+                    f"{self.noise_multiplier:.4g} for adaptive clipping (default m/20 with m = {self.per_round} "
+                    "clients a round): set a larger count_noise, ask more clients a round or lower the budget's noise."
+                )
+            self.update_multiplier = (self.noise_multiplier**-2 - self.count_noise**-2) ** -0.5
 
     def _calibrate(self) -> float:
         """The smallest noise multiplier (to 0.1%) with which every client stays within the target after all
@@ -592,14 +615,19 @@ class ServerDP(_PrivateRelease):
         return dict.fromkeys(self.clients, self.rounds)
 
     def release_terms(self, cid: int) -> dict[str, Any]:
+        return self._terms(self.cfg.clip)
+
+    def _terms(self, clip: float) -> dict[str, Any]:
+        """The ledger's record of a round that clips at ``clip``: sensitivity ``2 C``, noise ``z 2 C``."""
+        sensitivity = self.sensitivity if clip == self.cfg.clip else 2.0 * clip
+        sigma = self.sigma if clip == self.cfg.clip else self.noise_multiplier * sensitivity
         if self.q >= 1.0:  # every client every round: plain Gaussian releases
-            return {"sensitivity": self.sensitivity, "sigma": self.sigma}
-        return {
-            "sensitivity": self.sensitivity,
-            "sigma": self.sigma,
-            "sampling_rate": self.q,
-            "population": self.population,
-        }
+            return {"sensitivity": sensitivity, "sigma": sigma}
+        return {"sensitivity": sensitivity, "sigma": sigma, "sampling_rate": self.q, "population": self.population}
+
+    def init_server(self) -> PrivateState:
+        server = super().init_server()
+        return dataclasses.replace(server, clip=self.cfg.clip) if self.adaptive else server
 
     def release_bound(self, cid: int, dim: int) -> float:
         return math.inf  # the server clips every update itself
@@ -614,27 +642,40 @@ class ServerDP(_PrivateRelease):
         self, server: PrivateState, rnd: int, replies: dict[int, Message]
     ) -> tuple[PrivateState, Metrics]:
         """``theta_g[S] + (sum_i clip_C(update_i) + N(0, sigma^2 I)) / m``, recorded for every training client;
-        then the base's aggregation of that one value (each reply replaced by it, equal weights)."""
+        then the base's aggregation of that one value (each reply replaced by it, equal weights); under adaptive
+        clipping also the next round's clip from the noisy count of updates within this round's."""
         if not self.noisy:
             base, metrics = self.base.aggregate_fit(server, rnd, replies)
             return _with_ledger(base, server.ledger), metrics
+        clip = server.clip if self.adaptive and server.clip is not None else self.cfg.clip
         guard = self._guard(server.ledger)
         for c in self.clients:  # every training client's records shape the output, sampled or not
             if not server.ledger.recorded(client=c, round=rnd, mechanism=self.mechanism):
-                guard.record(client=c, round=rnd, mechanism=self.mechanism, **self.release_terms(c))
+                guard.record(client=c, round=rnd, mechanism=self.mechanism, **self._terms(clip))
         names = self.base.shared_names(server)
         start = {n: server.params[n] for n in names}
         total = torch.zeros(sum(t.numel() for t in start.values()), dtype=torch.float64)
+        within = 0
         for reply in replies.values():
             update = torch.cat([(reply.arrays[n].double() - start[n].double()).reshape(-1).cpu() for n in names])
             norm = float(torch.linalg.vector_norm(update))
-            total += update * min(1.0, self.cfg.clip / norm) if norm > 0 else update
+            within += norm <= clip
+            total += update * min(1.0, clip / norm) if norm > 0 else update
+        sigma = self.update_multiplier * 2.0 * clip if self.adaptive else self.sigma
         key = derive_key(self.seed, "server-dp", rnd) if self.simulation else fresh_key()
-        total += torch.from_numpy(secure_gaussian_noise(key, "server-dp", sigma=self.sigma, size=total.numel()))
+        total += torch.from_numpy(secure_gaussian_noise(key, "server-dp", sigma=sigma, size=total.numel()))
         shared = _shift(start, total / self.per_round)
         equal = {c: Message(arrays=dict(shared), config={"num_examples": 1, "loss": 0.0}) for c in replies}
         base, metrics = self.base.aggregate_fit(server, rnd, equal)
-        return _with_ledger(base, server.ledger), {k: v for k, v in metrics.items() if k != "loss"}
+        state = _with_ledger(base, server.ledger)
+        metrics = {k: v for k, v in metrics.items() if k != "loss"}
+        if self.adaptive:
+            key = derive_key(self.seed, "server-dp-count", rnd) if self.simulation else fresh_key()
+            noise = float(secure_gaussian_noise(key, "server-dp-count", sigma=self.count_noise, size=1)[0])
+            unclipped = (within + noise) / self.per_round
+            state.clip = clip * math.exp(-self.cfg.clip_lr * (unclipped - self.cfg.target_quantile))
+            metrics |= {"dp_clip": clip, "dp_unclipped_fraction": unclipped}
+        return state, metrics
 
     def client_fit_many(
         self, msgs: dict[int, Message], states: dict[int, PersonalState | None], data: dict[int, ClientData]
@@ -657,6 +698,13 @@ class ServerDP(_PrivateRelease):
             "client_sampling": f"{self.per_round} of {self.population} a round (q = {self.q:.4g})",
             "rounds": self.rounds,
         }
+        if self.adaptive:
+            extra |= {
+                "adaptive_clip": f"target quantile {self.cfg.target_quantile:g}, eta_C {self.cfg.clip_lr:g}",
+                "count_noise": self.count_noise,
+                "update_noise_multiplier": self.update_multiplier,
+                "dp_clip_next": server.clip,
+            }
         return self._summary(server, "client-level, a trusted server's noise on the aggregate", extra)
 
 
