@@ -586,6 +586,52 @@ def pfeddpo_ablations(root: Path) -> str:
     return table([*header, "DPO loss, rounds 6-10 (mean)"], body)
 
 
+DPO_PRIVATE = "pfeddpo-private-reduced"
+DPO_LEVELS = {"eps8": "eps 8 (pair-level DP-SGD)", "no-noise": "without DP"}
+
+
+def pfeddpo_private(root: Path) -> str:
+    """pFedDPO and FedDPO with and without pair-level DP-SGD (``pfeddpo-private-reduced``, ``table.csv``): reward
+    accuracies and held-out DPO loss over seeds, the noise multiplier and the largest client eps each run spent."""
+    rows = points(root, DPO_PRIVATE)
+    body = []
+    for level, level_name in DPO_LEVELS.items():
+        for method in ("pfeddpo", "feddpo"):
+            key = f"{level}/name={method}"
+            if key not in rows:
+                raise SourceError(f"{RESULTS_DIR}/{DPO_PRIVATE}/table.csv: no row {key}")
+            r = rows[key]
+            eps = f"{float(r['epsilon_max (mean)']):.2f}" if r.get("epsilon_max (mean)") else "-"
+            zeta = f"{float(r['noise_multiplier (mean)']):.3f}" if r.get("noise_multiplier (mean)") else "-"
+            body.append(
+                [
+                    level_name,
+                    DPO_NAMES[method],
+                    r["seeds"],
+                    pm(*mean_std(r, "seen/train_accuracy")),
+                    pm(*mean_std(r, SEEN)),
+                    "{:.4f} +- {:.4f}".format(*mean_std(r, "seen/loss")),
+                    zeta,
+                    eps,
+                ]
+            )
+    header = ["DP", "method", "seeds", "training reward acc.", "held-out reward acc.", "held-out DPO loss"]
+    return table([*header, "noise multiplier", "eps spent (largest client)"], body)
+
+
+def pfeddpo_private_paired(root: Path) -> str:
+    """FedDPO minus pFedDPO at each DP level (``paired.csv``): over seeds (t interval) and over (seed, client)
+    pairs (bootstrap)."""
+    body = []
+    for r in read_csv(root, f"{RESULTS_DIR}/{DPO_PRIVATE}/paired.csv"):
+        metric = {SEEN: "held-out reward acc.", "seen/train_accuracy": "training reward acc."}.get(r["metric"])
+        if metric is None:
+            continue
+        body.append([DPO_LEVELS[r["block"]], metric, r["mean"], r["seeds ci95"], r["per seed"], r["clients ci95"]])
+    header = ["DP", "FedDPO minus pFedDPO", "mean (points)", "95% CI (seeds)", "per seed", "95% CI (seed, client)"]
+    return table(header, body)
+
+
 # ---------------------------------------------------------------------------------------------------- benchmarks
 
 ROUND_BENCH = (
@@ -808,6 +854,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "dp-utility-fedlag": dp_utility_fedlag,
     "pfeddpo-hh": pfeddpo_hh,
     "pfeddpo-ablations": pfeddpo_ablations,
+    "pfeddpo-private": pfeddpo_private,
+    "pfeddpo-private-paired": pfeddpo_private_paired,
     "bench-compact-round": bench_compact_round,
     "bench-codecs": bench_codecs,
     "bench-compact-full-run": bench_compact_full_run,

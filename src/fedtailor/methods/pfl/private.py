@@ -596,7 +596,7 @@ class ServerDP(_PrivateRelease):
                 raise ValueError(
                     f"server_dp.count_noise {self.count_noise:.4g} must exceed the noise multiplier "
                     f"{self.noise_multiplier:.4g} for adaptive clipping (default m/20 with m = {self.per_round} "
-                    "clients a round): set a larger count_noise, ask more clients a round or lower the budget's noise."
+                    "clients a round): set a larger count_noise or ask more clients a round."
                 )
             self.update_multiplier = (self.noise_multiplier**-2 - self.count_noise**-2) ** -0.5
 
