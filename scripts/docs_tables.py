@@ -171,6 +171,14 @@ TUNED_CONTROLS = {
     "eps16/variant=factorized-clean": "Factorized+clean (the exact context mean, no noise; eps void)",
     "eps16-replay/variant=replay": "Replay (Direct with Factorized's per-round gain; not tuned)",
 }
+TUNED_NOISELESS = {
+    "noiseless/variant=direct": "Direct, without noise",
+    "noiseless/variant=deeplin": "DeepLin, without noise",
+    "noiseless/variant=factorized": "Factorized, without noise",
+    "noiseless/variant=radial": "Radial, without noise",
+    "noiseless/variant=factorized-ctx": "Factorized+ctx (the exact context), without noise",
+    "noiseless-replay/variant=replay": "Replay, without noise (not tuned)",
+}
 
 
 def seed_values(root: Path, experiment: str) -> dict[str, dict[int, dict[str, str]]]:
@@ -268,9 +276,12 @@ def compact_tuned(experiment: str, names: dict[str, str]) -> Callable[[Path], st
         rows = points(root, folder)
         record = read_choices(root, folder)
         body = []
+        most = max(int(rows[key]["seeds"]) for key in names if key in rows)
         for key, name in names.items():
             if key not in rows:
                 raise SourceError(f"{RESULTS_DIR}/{folder}/table.csv: no row {key}")
+            seeds = int(rows[key]["seeds"])
+            name += f" ({seeds} of {most} seeds)" if seeds < most else ""
             unit = key if key in record["choices"] else None
             lr = record["choices"][unit]["method.lr"] if unit else "-"
             score = record["scores"][unit][f"lr={lr}"] if unit else float("nan")
@@ -843,6 +854,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-controls-tuned": compact_tuned("compact-controls-mnist", TUNED_CONTROLS),
     "compact-k": compact_k,
     "compact-controls-tuned-paired": compact_paired("compact-controls-mnist", TUNED_CONTROLS),
+    "compact-controls-noiseless-tuned": compact_tuned("compact-controls-mnist", TUNED_NOISELESS),
+    "compact-controls-noiseless-tuned-paired": compact_paired("compact-controls-mnist", TUNED_NOISELESS),
     "compact-layer-allocation-validation": layer_allocation_validation,
     "compact-layer-allocation-test": layer_allocation_test,
     "fedlag-mnist/alpha01": fedlag_section("fedlag-mnist", "alpha01"),
