@@ -647,7 +647,7 @@ class ServerDP(_PrivateRelease):
         if not self.noisy:
             base, metrics = self.base.aggregate_fit(server, rnd, replies)
             return _with_ledger(base, server.ledger), metrics
-        clip = server.clip if self.adaptive and server.clip is not None else self.cfg.clip
+        clip = server.clip if self.adaptive else self.cfg.clip
         guard = self._guard(server.ledger)
         for c in self.clients:  # every training client's records shape the output, sampled or not
             if not server.ledger.recorded(client=c, round=rnd, mechanism=self.mechanism):
