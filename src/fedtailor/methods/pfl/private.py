@@ -619,8 +619,8 @@ class ServerDP(_PrivateRelease):
 
     def _terms(self, clip: float) -> dict[str, Any]:
         """The ledger's record of a round that clips at ``clip``: sensitivity ``2 C``, noise ``z 2 C``."""
-        sensitivity = self.sensitivity if clip == self.cfg.clip else 2.0 * clip
-        sigma = self.sigma if clip == self.cfg.clip else self.noise_multiplier * sensitivity
+        sensitivity = 2.0 * clip  # at the configured clip: self.sensitivity and self.sigma, the same floats
+        sigma = self.noise_multiplier * sensitivity
         if self.q >= 1.0:  # every client every round: plain Gaussian releases
             return {"sensitivity": sensitivity, "sigma": sigma}
         return {"sensitivity": sensitivity, "sigma": sigma, "sampling_rate": self.q, "population": self.population}
