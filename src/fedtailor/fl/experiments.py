@@ -94,8 +94,8 @@ class Experiment:
     """A named list of blocks with its seeds, the overrides of ``--quick`` and the metrics its table shows.
 
     ``x_axis``: a numeric axis for ``trend.png`` (each metric against it, one line per other point value), as the
-    papers' figures: a grid key's last part (``"coef_dim"``, ``"alpha"``) or ``"block"`` (the number in the block
-    name, e.g. eps16 -> 16); ``log_x``: that axis on a log scale; ``tuning``: the experiment's tuning stage
+    papers' figures: a grid key's last part (``"coef_dim"``) or ``"block"`` (the number in the block name, e.g.
+    eps16 -> 16 on an axis labelled eps); ``log_x``: that axis on a log scale; ``tuning``: the experiment's tuning stage
     (``fedtailor reproduce NAME --tune``), whose choices its runs then use; ``outside_all``: why ``all`` leaves the
     experiment out (data a user fetches first), empty for one that ``all`` runs."""
 

@@ -331,7 +331,7 @@ def _trend_plot(rows: list[dict], points: list[dict[str, str]], exp: Experiment,
                 capsize=2,
                 label=label,
             )
-        ax.set_xlabel("eps" if exp.x_axis == "block" else exp.x_axis)
+        ax.set_xlabel(re.sub(r"[0-9.]+$", "", exp.blocks[0].name) if exp.x_axis == "block" else exp.x_axis)
         ax.set_ylabel(m + (" (%)" if m.endswith("accuracy") else ""))
         if exp.log_x:
             ax.set_xscale("log", base=2)
