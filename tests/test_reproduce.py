@@ -18,7 +18,7 @@ import fedtailor.reproduce as rp
 from conftest import TINY_TOML
 from fedtailor.config import dump_config
 from fedtailor.methods.compact.catalogue import COMPACT_VARIANTS
-from fedtailor.reproduce.report import _trend_plot
+from fedtailor.reproduce.report import _reference_of, _trend_plot
 from fedtailor.rundir import slug
 
 
@@ -570,3 +570,15 @@ def test_runs_get_threads_from_the_cores_this_process_may_use(tmp_path, registry
 
     rp.execute(runs, jobs=4, progress=lambda line: None, command=fake)
     assert log.read_text() == "1"
+
+
+def test_blocks_that_sweep_different_keys_each_pair_with_their_own_reference():
+    xi = "method.fedlag.xi"
+    k = "method.fedlag.top_k"
+    points = [("xi", ((xi, v),)) for v in ("-0.1", "0.0", "0.1")] + [("k", ((k, v),)) for v in ("0", "2")]
+    refs = ((xi, "0.0"), (k, "0"))
+    assert _reference_of("xi", ((xi, "-0.1"),), points, refs) == ("xi", ((xi, "0.0"),))
+    assert _reference_of("k", ((k, "2"),), points, refs) == ("k", ((k, "0"),))
+    assert _reference_of("xi", ((xi, "0.0"),), points, refs) is None  # the references themselves
+    assert _reference_of("k", ((k, "0"),), points, refs) is None
+    assert _reference_of("k", ((k, "2"),), points, refs[:1]) is None  # no xi in the top_k block: no pair

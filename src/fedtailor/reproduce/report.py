@@ -168,9 +168,11 @@ def _in_group(client: Mapping[str, Any], group: str) -> bool:
     return group == "all" or bool(client["seen"]) == (group == "seen")
 
 
-def _reference_of(block: str, point: Point, points: list[tuple[str, Point]], ref: tuple[str, str]) -> Any:
-    """The (block, point) ``point`` is compared with: its other grid values and ``ref``'s, in the same block, else
-    the one such point in another block; None for the reference itself or when there is none."""
+def _reference_of(block: str, point: Point, points: list[tuple[str, Point]], refs: tuple[tuple[str, str], ...]) -> Any:
+    """The (block, point) ``point`` is compared with: its other grid values and those of the first of ``refs``
+    whose key it has (else the first), in the same block, else the one such point in another block; None for the
+    reference itself or when there is none."""
+    ref = next((r for r in refs if r[0] in dict(point)), refs[0])
     if dict(point).get(ref[0]) == ref[1]:
         return None
     want = {**{k: v for k, v in point if k != ref[0]}, ref[0]: ref[1]}
@@ -205,7 +207,7 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_excep
         by_point.setdefault((r.block, r.point), {})[r.seed] = r.out
     rows = []
     for (block, point), dirs in by_point.items():
-        ref = _reference_of(block, point, list(by_point), exp.reference)
+        ref = _reference_of(block, point, list(by_point), exp.references)
         if ref is None:
             continue
         for metric in exp.metrics:

@@ -30,10 +30,11 @@ FMNIST_REDUCED = ("federation.rounds=40", "federation.eval_every=0", "data.limit
 
 
 def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
-    """Every base with and without FedLAG (``top_k = 0`` is the base exactly), the fixed First/Middle/Last-K, and
-    FedLAG scoring modules (a module's weight and bias as one layer; ``top_k = 1``: half of the DNN's two layers) at
-    both alphas, from ``configs/fedlag/<prefix>-alpha{01,10}.toml``. The bases are every registered one that
-    FedLAG wraps (:func:`fedtailor.fl.registry.fedlag_bases`), so a new base is picked up."""
+    """Every base with and without FedLAG (``top_k = 0`` is the base exactly), the fixed First/Middle/Last-K,
+    FedLAG scoring modules (a module's weight and bias as one layer; ``top_k = 1``: half of the DNN's two layers) and
+    scoring each client's last-minibatch gradient instead of its round update, at both alphas, from
+    ``configs/fedlag/<prefix>-alpha{01,10}.toml``. The bases are every registered one that FedLAG wraps
+    (:func:`fedtailor.fl.registry.fedlag_bases`), so a new base is picked up."""
     bases = fedlag_bases()
     out = []
     for a in ("01", "10"):
@@ -42,6 +43,7 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
             Block(f"main-alpha{a}", config, (("method.name", bases), ("method.fedlag.top_k", ("0", "2")))),
             Block(f"fixed-alpha{a}", config, (("method.fedlag.choice", ("first", "middle", "last")),)),
             Block(f"unit-alpha{a}", config, (("method.fedlag.unit", ("module",)),), ("method.fedlag.top_k=1",)),
+            Block(f"score-alpha{a}", config, (("method.fedlag.update", ("gradient",)),)),
         ]
     return tuple(out)
 
@@ -49,8 +51,8 @@ def _fedlag_blocks(prefix: str) -> tuple[Block, ...]:
 register_experiment(
     Experiment(
         "fedlag-mnist",
-        "FedLAG: every base with and without FedLAG, and fixed First/Middle/Last-K, on MNIST "
-        "(DNN) at Dirichlet alpha 0.1 and 1.0",
+        "FedLAG: every base with and without FedLAG, fixed First/Middle/Last-K, the module unit and the "
+        "last-minibatch-gradient score, on MNIST (DNN) at Dirichlet alpha 0.1 and 1.0",
         _fedlag_blocks("mnist-dnn"),
         quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
         metrics=("seen/accuracy",),
@@ -124,7 +126,9 @@ register_experiment(
             )
         ),
         quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
-        metrics=("seen/accuracy",),
+        metrics=("seen/accuracy", "fedlag_personal"),
+        # each xi against the paper's xi = 0; each top_k against FedAvg alone (top_k = 0)
+        reference=(("method.fedlag.xi", "0.0"), ("method.fedlag.top_k", "0")),
     ),
     Experiment(
         "dp-utility-mnist",
