@@ -295,6 +295,36 @@ def compact_tuned(experiment: str, names: dict[str, str]) -> Callable[[Path], st
     return render
 
 
+ALPHA_VARIANTS = ("global", "full-dg", "ours-dg", "ours-lrsuq")
+
+
+def _alphas(rows: dict[str, dict[str, str]]) -> list[str]:
+    return sorted({key.split("/")[0].removeprefix("alpha") for key in rows}, key=float)
+
+
+def compact_alpha(root: Path) -> str:
+    """Table 2 (``docs/results/compact-alpha-mnist-tuned/``): each variant's step, chosen at alpha 0.5 (the tuning
+    stage's block, ``choices.json``), and its test Seen / Future accuracy over seeds at each alpha."""
+    folder = "compact-alpha-mnist-tuned"
+    rows = points(root, folder)
+    record = read_choices(root, folder)
+    tuned = {key.split("/")[0] for key in record["choices"]}
+    alphas = _alphas(rows)
+    body = []
+    for variant in ALPHA_VARIANTS:
+        lrs = []
+        cells = []
+        for a in alphas:
+            key = f"alpha{a}/variant={variant}"
+            row = rows.get(key)
+            cells.append(f"{pm(*mean_std(row, SEEN))} / {pm(*mean_std(row, FUTURE))}" if row else "-")
+            lrs.append(record["choices"].get(key, {}).get("method.lr"))
+        body.append([COMPACT_VARIANTS[variant], ", ".join(sorted({lr for lr in lrs if lr})) or "-", *cells])
+    where = ", ".join(f"alpha {b.removeprefix('alpha')}" for b in sorted(tuned))
+    header = ["variant", f"lr (chosen at {where})", *[f"alpha {a}: Seen / Future" for a in alphas]]
+    return table(header, body)
+
+
 def compact_table1_by_eps(folder: str) -> Callable[[Path], str]:
     """Table 1 at every eps a results folder has (``docs/results/FOLDER/table.csv``): each variant's test Seen /
     Future accuracy over seeds, one column per eps."""
@@ -457,6 +487,35 @@ def fedlag_section(experiment: str, tag: str) -> Callable[[Path], str]:
     return render
 
 
+FEDLAG_VARIANTS = {
+    "main-{a}/name=fedavg_top_k=0": "FedAvg alone",
+    "main-{a}/name=fedavg_top_k=2": "FedLAG (tensors, round update scored; top_k 2)",
+    "unit-{a}/unit=module": "FedLAG, modules as layers (top_k 1)",
+    "score-{a}/update=gradient": "FedLAG, last-minibatch gradient scored (top_k 2)",
+    "fixed-{a}/choice=last": "fixed Last-K (the head; top_k 2)",
+}
+
+
+def fedlag_variants(experiment: str) -> Callable[[Path], str]:
+    """FedLAG's scoring variants around FedAvg (``table.csv``): Seen accuracy over seeds at each alpha, and the
+    layers each made personal (in how many seeds each), where the run directories were there to count them."""
+
+    def render(root: Path) -> str:
+        rows = points(root, experiment)
+        body = []
+        for pattern, name in FEDLAG_VARIANTS.items():
+            cells = []
+            for a in ("alpha01", "alpha10"):
+                row = rows.get(pattern.format(a=a))
+                personal = (row or {}).get("fedlag_personal") or ""
+                shown = pm(*mean_std(row, SEEN)) if row else "-"
+                cells.append(shown + (f" ({personal})" if personal not in ("", "-", "none") else ""))
+            body.append([name, *cells])
+        return table(["around FedAvg", "alpha 0.1: Seen (personal layers)", "alpha 1.0: Seen (personal layers)"], body)
+
+    return render
+
+
 DP_BASES = {"fedavg": "FedAvg", "fedper": "FedPer", "ditto": "Ditto"}
 DP_LEVELS = {"record": "record-level DP-SGD", "client": "client-level (each client's noise)"}
 
@@ -528,6 +587,37 @@ def dp_utility_fedlag(root: Path) -> str:
             ]
         )
     header = ["base, DP", "eps", "FedLAG minus base (Seen, points)", "95% CI (seeds)", "per seed", "personal layers"]
+    return table(header, body)
+
+
+SENSITIVITY = {"xi": ("xi", "0.0", "the paper's"), "top_k": ("top_k", "0", "FedAvg alone")}
+
+
+def fedlag_sensitivity(root: Path) -> str:
+    """FedLAG's sensitivity (``fedlag-sensitivity-mnist``): Seen accuracy over seeds at each xi and top_k, both
+    alphas, each point minus its reference (``paired.csv``: xi = 0, and top_k = 0, FedAvg alone) with the 95%
+    interval over seeds, and the layers it made personal (in how many seeds each)."""
+    folder = f"{RESULTS_DIR}/fedlag-sensitivity-mnist"
+    rows = {(r["block"], r["point"]): r for r in read_csv(root, f"{folder}/table.csv")}
+    paired = {(r["block"], r["point"]): r for r in read_csv(root, f"{folder}/paired.csv") if r["metric"] == SEEN}
+    body = []
+    for (block, point), row in rows.items():
+        sweep, alpha = block.split("-alpha")
+        key, ref, what = SENSITIVITY[sweep]
+        value = point.removeprefix(f"{key}=")
+        diff = paired.get((block, point))
+        if diff is None and value != ref:
+            raise SourceError(f"{folder}: {block}/{point} has no paired difference")
+        body.append(
+            [
+                f"{int(alpha) / 10:.1f}",
+                f"{key} = {value}" + (f" ({what})" if value == ref else ""),
+                pm(*mean_std(row, SEEN)),
+                "reference" if diff is None else f"{diff['mean']} {diff['seeds ci95']}",
+                row.get("fedlag_personal", "-"),
+            ]
+        )
+    header = ["alpha", "setting", "Seen accuracy (%)", "minus the reference (95% CI, seeds)", "personal layers"]
     return table(header, body)
 
 
@@ -863,6 +953,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fedlag-fmnist-reduced/alpha01": fedlag_section("fedlag-fmnist-reduced", "alpha01"),
     "fedlag-fmnist-reduced/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10"),
     "fedlag-adversary": fedlag_adversary,
+    "fedlag-sensitivity": fedlag_sensitivity,
+    "fedlag-mnist-variants": fedlag_variants("fedlag-mnist"),
     "dp-utility": dp_utility,
     "dp-utility-fedlag": dp_utility_fedlag,
     "pfeddpo-hh": pfeddpo_hh,

@@ -55,7 +55,7 @@ register_experiment(
         "last-minibatch-gradient score, on MNIST (DNN) at Dirichlet alpha 0.1 and 1.0",
         _fedlag_blocks("mnist-dnn"),
         quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
-        metrics=("seen/accuracy",),
+        metrics=("seen/accuracy", "fedlag_personal"),
         tuning=FEDLAG_TUNING,
         reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
     ),
@@ -64,7 +64,7 @@ register_experiment(
         "FedLAG on Fashion-MNIST (FedAvgCNN) at alpha 0.1 and 1.0",
         _fedlag_blocks("fmnist-fedavgcnn"),
         quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
-        metrics=("seen/accuracy",),
+        metrics=("seen/accuracy", "fedlag_personal"),
         tuning=FEDLAG_TUNING,
         reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
     ),
@@ -105,7 +105,7 @@ register_experiment(
             )
         ),
         quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
-        metrics=("seen/accuracy",),
+        metrics=("seen/accuracy", "fedlag_personal"),
         tuning=FEDLAG_TUNING,
         reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
     ),
