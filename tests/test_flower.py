@@ -324,6 +324,12 @@ FLOWER_PATHS["fedavg with a trusted server's noise"] = [
     'method.server_dp.randomness="simulation"',
     "method.server_dp.epsilon=50",
 ]
+# the clip follows the noisy count of updates within it; the next clip lives in the server state the adapter keeps
+FLOWER_PATHS["fedavg with a trusted server's adaptive clip"] = [
+    *FLOWER_PATHS["fedavg with a trusted server's noise"],
+    "method.server_dp.adaptive_clip=true",
+    "method.server_dp.count_noise=4",
+]
 FLOWER_PATHS["compact over PPR"] = [*FLOWER_PATHS["compact"][:-1], 'method.variant="ours-ppr"']
 RECORD_DP = ['method.record_dp.randomness="simulation"', "method.record_dp.epsilon=8"]
 FLOWER_PATHS["ditto under FedLAG with record DP-SGD"] = [*FLOWER_PATHS["ditto"], *RECORD_DP]
