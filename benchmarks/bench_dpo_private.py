@@ -3,7 +3,8 @@
 * the plain pFedDPO step (one forward and backward over the batch, gradient-norm clip, AdamW) against the
   pair-level DP-SGD step of ``[method.record_dp]`` (:mod:`fedtailor.lm.dpsgd`: a forward and backward per pair,
   each pair's gradient clipped jointly over base and adapter, the client's Gaussian noise for every trained
-  tensor, AdamW), and the noise draw on its own (secure: ChaCha20 and Opacus secure mode's sum of four);
+  tensor, AdamW), and the noise draw on its own (secure: ChaCha20 and Opacus secure mode's sum of four) on one
+  thread and on ``--threads`` threads (the same values: independent streams per chunk);
 * the same clipped sum by Opacus's ``GradSampleModule`` (per-sequence gradients by hooks, summed per pair),
   checked equal to ours;
 * peak memory (``VmHWM``) of a fresh process that loads the model and takes one private step (``--memory-only``:
@@ -20,19 +21,18 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import report
 
-from fedtailor.lm.dpsgd import clipped_pair_sum, private_dpo_steps
+from fedtailor.lm.dpsgd import clipped_pair_sum, noisy_gradients, private_dpo_steps
 from fedtailor.lm.model import add_lora, load_causal_lm
 from fedtailor.lm.preference import HH_FILE, load_hh_rlhf, shared_data_file, tokenize_pairs
 from fedtailor.lm.training import dpo_on, reference_logprobs
-from fedtailor.privacy.noise import secure_gaussian_noise
 from fedtailor.rng import fresh_key
 
 
@@ -76,9 +76,11 @@ def measure(steps: int, precision: str) -> dict[str, float]:
     model, params, tokens, ref = setup(precision)
     model.train()
     opt = torch.optim.AdamW(list(params.values()), lr=1e-4, weight_decay=0.0)
-    plain, private, noise, clip_only, opacus = [], [], [], [], []
+    plain, private, noise, noise_threads, clip_only, opacus = [], [], [], [], [], []
     apart = 0.0  # the largest relative distance between Opacus's clipped sum and ours, over tensors and steps
     key = fresh_key()
+    zeros = {n: torch.zeros_like(p) for n, p in params.items()}
+    pool = ThreadPoolExecutor(torch.get_num_threads())
     for s in range(steps + 1):  # the first of each is a warm-up
         idx = torch.arange(4 * s, 4 * s + 4) % len(ref)
         t0 = time.perf_counter()
@@ -95,9 +97,11 @@ def measure(steps: int, precision: str) -> dict[str, float]:
         assert set(theirs) == set(ours), "Opacus and fedtailor clip different tensors"
         apart = max(apart, *(float((theirs[n] - g).norm() / g.norm().clamp(min=1e-30)) for n, g in ours.items()))
         t4 = time.perf_counter()
-        for i, p in enumerate(params.values()):
-            np.asarray(secure_gaussian_noise(key, "noise", s, i, sigma=1.0, size=p.numel()))
+        noisy_gradients(zeros, params, key=key, step=s, sigma=1.0, denom=1.0, pool=None)
+        t4b = time.perf_counter()
+        noisy_gradients(zeros, params, key=key, step=s, sigma=1.0, denom=1.0, pool=pool)
         t5 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
         private_dpo_steps(
             model, params, opt, tokens, ref, steps=1, batch_size=4, beta=0.2, clip=1.0, noise_multiplier=1.0,
             key=fresh_key(), precision=precision,
@@ -107,12 +111,15 @@ def measure(steps: int, precision: str) -> dict[str, float]:
             plain.append(t1 - t0)
             clip_only.append(t2 - t1)
             opacus.append(t3 - t2)
-            noise.append(t5 - t4)
+            noise.append(t4b - t4)
+            noise_threads.append(t5 - t4b)
             private.append(t6 - t5)
+    pool.shutdown()
     return {
         "plain step s": statistics.median(plain),
         "per-pair clipped sum s": statistics.median(clip_only),
         "noise s": statistics.median(noise),
+        "noise threads s": statistics.median(noise_threads),
         "private step s": statistics.median(private),
         "opacus clipped sum s": statistics.median(opacus),
         "opacus apart": apart,
@@ -156,7 +163,8 @@ def main() -> None:
     rows = [
         {"step": "plain pFedDPO (batch 4, AdamW)", "seconds": m["plain step s"], "vs plain": 1.0},
         {"step": "per-pair clipped sum (4 pairs)", "seconds": m["per-pair clipped sum s"]},
-        {"step": "secure noise, every trained tensor", "seconds": m["noise s"]},
+        {"step": "secure noise, every trained tensor, one thread", "seconds": m["noise s"]},
+        {"step": f"secure noise, every trained tensor, {args.threads} threads", "seconds": m["noise threads s"]},
         {"step": "private pFedDPO (DP-SGD, AdamW)", "seconds": m["private step s"]},
         {"step": "Opacus GradSampleModule: the same clipped sum", "seconds": m["opacus clipped sum s"]},
     ]

@@ -21,9 +21,10 @@ ChaCha20 and Opacus secure mode's sum of four draws), a fresh OS-entropy key per
 from __future__ import annotations
 
 import math
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedtailor.fl.records import TrainingDiverged
@@ -73,6 +74,30 @@ def clipped_pair_sum(
     return sums, losses
 
 
+def noisy_gradients(
+    sums: Params, params: Params, *, key: int, step: int, sigma: float, denom: float, pool: Executor | None
+) -> None:
+    """Set ``p.grad = (sums[name] + N(0, sigma^2 I)) / denom`` (in float64, then ``p``'s dtype) for every tensor,
+    the noise of tensor ``i`` drawn chunk by chunk from the streams ``(key, "noise", step, i, j)``. The chunks are
+    independent streams written to disjoint slices, so ``pool``'s threads fill them in any order with the same
+    result as one after another (ChaCha20, the logarithms and the sums release the GIL); memory stays at a few
+    chunks in flight."""
+    chunks = []
+    for i, (name, p) in enumerate(params.items()):
+        clipped, grad = sums[name].reshape(-1), torch.empty_like(p)
+        chunks += [(i, j, start, clipped, grad.view(-1)) for j, start in enumerate(range(0, p.numel(), NOISE_CHUNK))]
+        p.grad = grad
+
+    def fill(chunk: tuple[int, int, int, torch.Tensor, torch.Tensor]) -> None:
+        i, j, start, clipped, flat = chunk
+        size = min(NOISE_CHUNK, flat.numel() - start)
+        z = torch.from_numpy(secure_gaussian_noise(key, "noise", step, i, j, sigma=sigma, size=size))
+        flat[start : start + size] = (clipped[start : start + size].double() + z.to(flat.device)) / denom
+
+    for _ in pool.map(fill, chunks) if pool is not None else map(fill, chunks):
+        pass  # map is lazy: iterating runs the chunks (and raises what a thread raised)
+
+
 def private_dpo_steps(
     model: Any,
     params: Params,
@@ -88,31 +113,28 @@ def private_dpo_steps(
     key: int,
     precision: str = "fp32",
     who: str = "a client",
+    threads: int | None = None,
 ) -> float:
     """``steps`` DP-SGD steps (module docstring) with the optimizer ``opt`` over ``params``; sampling and noise
-    from ``key`` (labels ``("sample", step)`` and ``("noise", step, tensor, chunk)``). Returns the mean DPO loss of
-    the sampled pairs (not private: for the caller's divergence check only, never sent)."""
+    from ``key`` (labels ``("sample", step)`` and ``("noise", step, tensor, chunk)``), the noise drawn on
+    ``threads`` threads (default: torch's intra-op threads; the result does not depend on it). Returns the mean DPO
+    loss of the sampled pairs (not private: for the caller's divergence check only, never sent)."""
     n = len(ref)
     q = sampling_rate(n, batch_size)
     losses: list[float] = []
-    for step in range(steps):
-        uniforms = torch.from_numpy(open_unit(secure_stream_words(key, "sample", step, count=n)))
-        chosen = (uniforms < q).nonzero().reshape(-1)
-        sums, step_losses = clipped_pair_sum(
-            model, params, tokens, ref, chosen, beta=beta, clip=clip, precision=precision
-        )
-        losses += step_losses
-        for i, (name, p) in enumerate(params.items()):
-            clipped, grad = sums[name].reshape(-1), torch.empty_like(p)
-            flat = grad.view(-1)
-            for j, start in enumerate(range(0, p.numel(), NOISE_CHUNK)):  # a stream per chunk: memory stays small
-                size = min(NOISE_CHUNK, p.numel() - start)
-                z = secure_gaussian_noise(key, "noise", step, i, j, sigma=noise_multiplier * clip, size=size)
-                part = clipped[start : start + size].double() + torch.from_numpy(np.asarray(z)).to(p.device)
-                flat[start : start + size] = part / (q * n)  # (sum + noise) / (q N) in float64, then p's dtype
-            p.grad = grad
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    workers = torch.get_num_threads() if threads is None else threads
+    with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+        for step in range(steps):
+            uniforms = torch.from_numpy(open_unit(secure_stream_words(key, "sample", step, count=n)))
+            chosen = (uniforms < q).nonzero().reshape(-1)
+            sums, step_losses = clipped_pair_sum(
+                model, params, tokens, ref, chosen, beta=beta, clip=clip, precision=precision
+            )
+            losses += step_losses
+            sigma = noise_multiplier * clip
+            noisy_gradients(sums, params, key=key, step=step, sigma=sigma, denom=q * n, pool=pool)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
     if not all(math.isfinite(v) for v in losses):
         raise TrainingDiverged(f"{who}'s DPO loss is {losses}")
     return sum(losses) / len(losses) if losses else float("nan")

@@ -241,11 +241,12 @@ def test_one_pair_moves_the_clipped_sum_by_at_most_the_clip_over_base_and_adapte
         torch.testing.assert_close(single[n], method.params[n].grad, rtol=1e-6, atol=1e-9)
 
 
-def test_a_private_dpo_step_is_the_noisy_clipped_sum_over_the_sampled_pairs_by_hand(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_private_dpo_step_is_the_noisy_clipped_sum_over_the_sampled_pairs_by_hand(monkeypatch, threads):
     """One step of ``private_dpo_steps`` with plain SGD at lr 1: every trained tensor moves by ``(sum_j clip_C(g_j)
     + zeta C z) / (q N)``, the pairs j those whose uniform of the key's ``("sample", 0)`` stream is below q, z the
     step's secure noise tensor by tensor and chunk by chunk (the chunk made small here, so that tensors span
-    several)."""
+    several), whether one thread draws the chunks or several do."""
     import fedtailor.lm.dpsgd as lm_dpsgd
     from fedtailor.lm.dpsgd import clipped_pair_sum, private_dpo_steps
     from fedtailor.privacy.noise import open_unit, secure_gaussian_noise, secure_stream_words
@@ -264,7 +265,7 @@ def test_a_private_dpo_step_is_the_noisy_clipped_sum_over_the_sampled_pairs_by_h
     opt = torch.optim.SGD(trained.values(), lr=1.0)
     private_dpo_steps(
         method.model, trained, opt, data.train, ref, steps=1, batch_size=4, beta=0.5, clip=clip,
-        noise_multiplier=zeta, key=key,
+        noise_multiplier=zeta, key=key, threads=threads,
     )  # fmt: skip
     for i, (name, p) in enumerate(trained.items()):
         z = np.concatenate(
