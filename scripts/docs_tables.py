@@ -943,6 +943,16 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-table1-fmnist-tuned-paired": compact_paired("compact-table1-fmnist", TUNED_TABLE1),
     "compact-controls-tuned": compact_tuned("compact-controls-mnist", TUNED_CONTROLS),
     "compact-k": compact_k,
+    "compact-alpha": compact_alpha,
+    "compact-alpha-paired": compact_paired(
+        "compact-alpha-mnist",
+        {
+            f"alpha{a}/variant={v}": f"{COMPACT_VARIANTS[v]}, alpha {a}"
+            for a in ("0.1", "0.5", "1.0")
+            for v in ALPHA_VARIANTS
+            if v != "ours-dg"
+        },
+    ),
     "compact-controls-tuned-paired": compact_paired("compact-controls-mnist", TUNED_CONTROLS),
     "compact-controls-noiseless-tuned": compact_tuned("compact-controls-mnist", TUNED_NOISELESS),
     "compact-controls-noiseless-tuned-paired": compact_paired("compact-controls-mnist", TUNED_NOISELESS),
