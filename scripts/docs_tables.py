@@ -965,6 +965,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fedlag-adversary": fedlag_adversary,
     "fedlag-sensitivity": fedlag_sensitivity,
     "fedlag-mnist-variants": fedlag_variants("fedlag-mnist"),
+    "fedlag-fmnist-variants": fedlag_variants("fedlag-fmnist-reduced"),
     "dp-utility": dp_utility,
     "dp-utility-fedlag": dp_utility_fedlag,
     "pfeddpo-hh": pfeddpo_hh,
