@@ -271,7 +271,7 @@ def test_quick_reproduction_of_shipped_experiments(tmp_path):
 
 def test_every_shipped_experiment_plans(tmp_path):
     from fedtailor.config import load_config
-    from fedtailor.data.partition import federated_partition, holdout_validation
+    from fedtailor.data.setup import partition_of
 
     every = rp.plan(["all", "compact-comm-mnist"], out=tmp_path, seeds=None, quick=True)  # each run once
     in_all = [e for e in rp.EXPERIMENTS.values() if not e.outside_all]  # CIFAR-10 needs files users fetch
@@ -288,19 +288,8 @@ def test_every_shipped_experiment_plans(tmp_path):
             if d.scheme == "dirichlet-equal" and d.limit:
                 assert d.limit // d.num_clients >= d.context_size / (1 - d.eval_fraction), run.out
                 if exp.tuning is not None:  # and the tuning stage's validation split outside the context set
-                    t = load_config(run.config, [*run.sets, *exp.tuning.sets]).data
-                    labels = np.arange(t.limit) % 10
-                    part = federated_partition(
-                        labels,
-                        num_clients=t.num_clients,
-                        num_unseen=t.num_unseen,
-                        alpha=t.alpha,
-                        scheme=t.scheme,
-                        eval_fraction=t.eval_fraction,
-                        context_size=t.context_size,
-                        seed=41,
-                    )
-                    holdout_validation(part, fraction=t.validation, seed=41)  # raises where it does not fit
+                    tuning = load_config(run.config, [*run.sets, *exp.tuning.sets])
+                    partition_of(tuning, np.arange(d.limit) % 10)  # raises where it does not fit
 
 
 def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):

@@ -66,18 +66,10 @@ def client_data(dataset: ImageDataset, partition: FederatedPartition, device: to
     }
 
 
-def build_image_setup(cfg: Any) -> ImageSetup:
-    """The dataset (``data.limit``: a seeded subset), the partition (``data.validation``: held-out training
-    records, instead of or beside the test split by ``data.validation_mode``), the client tensors on the run's
-    device and the schedule over the seen clients."""
-    device = select_device(cfg.device)
+def partition_of(cfg: Any, labels: np.ndarray) -> FederatedPartition:
+    """The run's partition of records with ``labels`` (``cfg.data``'s scheme, clients, splits and, with
+    ``data.validation``, the validation split), from ``cfg.seed``."""
     d = cfg.data
-    dataset = load_dataset(d.dataset, root=d.root)
-    labels = dataset.y
-    if d.limit is not None and d.limit < len(dataset):
-        keep = np.sort(numpy_rng(cfg.seed, "limit").permutation(len(dataset))[: d.limit])
-        dataset = ImageDataset(name=dataset.name, x=dataset.x[keep], y=dataset.y[keep], num_classes=dataset.num_classes)
-        labels = dataset.y
     partition = federated_partition(
         labels,
         num_clients=d.num_clients,
@@ -93,6 +85,22 @@ def build_image_setup(cfg: Any) -> ImageSetup:
         partition = holdout_validation(
             partition, fraction=d.validation, seed=cfg.seed, alongside=d.validation_mode == "alongside"
         )
+    return partition
+
+
+def build_image_setup(cfg: Any) -> ImageSetup:
+    """The dataset (``data.limit``: a seeded subset), the partition (``data.validation``: held-out training
+    records, instead of or beside the test split by ``data.validation_mode``), the client tensors on the run's
+    device and the schedule over the seen clients."""
+    device = select_device(cfg.device)
+    d = cfg.data
+    dataset = load_dataset(d.dataset, root=d.root)
+    labels = dataset.y
+    if d.limit is not None and d.limit < len(dataset):
+        keep = np.sort(numpy_rng(cfg.seed, "limit").permutation(len(dataset))[: d.limit])
+        dataset = ImageDataset(name=dataset.name, x=dataset.x[keep], y=dataset.y[keep], num_classes=dataset.num_classes)
+        labels = dataset.y
+    partition = partition_of(cfg, labels)
     seen = np.asarray(partition.seen, dtype=np.int64)
     order = uniform_schedule(
         num_clients=len(seen), rounds=cfg.federation.rounds, per_round=cfg.federation.clients_per_round, seed=cfg.seed
