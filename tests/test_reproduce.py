@@ -33,7 +33,7 @@ def registry(tmp_path):
         quick=("federation.rounds=2",),
         seeds=(1, 2),
         x_axis="lr",
-        reference=("method.lr", "0.05"),
+        reference=(("method.lr", "0.05"),),
         claims=(rp.Claim((("method.lr", "0.2"),), "seen/accuracy", "above", "a larger step learns more"),),
     )
     return {"tiny": exp}
@@ -353,7 +353,7 @@ def test_a_reproduction_of_one_block_adds_its_rows_to_the_tables_of_the_others(t
     grid = (("method.lr", ("0.05", "0.2")),)
     blocks = (rp.Block("a", tiny[0], grid), rp.Block("b", tiny[0], grid, ("federation.clients_per_round=2",)))
     exp = rp.Experiment(
-        "two", "two blocks", blocks, quick=("federation.rounds=2",), seeds=(1,), reference=("method.lr", "0.05")
+        "two", "two blocks", blocks, quick=("federation.rounds=2",), seeds=(1,), reference=(("method.lr", "0.05"),)
     )
     registry, out = {"two": exp}, tmp_path / "out"
 

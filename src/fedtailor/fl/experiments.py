@@ -97,9 +97,9 @@ class Experiment:
     papers' figures: a grid key's last part (``"coef_dim"``) or ``"block"`` (the number in the block name, e.g.
     eps16 -> 16 on an axis labelled eps); ``log_x``: that axis on a log scale; ``tuning``: the experiment's tuning stage
     (``fedtailor reproduce NAME --tune``), whose choices its runs then use; ``outside_all``: why ``all`` leaves the
-    experiment out (data a user fetches first), empty for one that ``all`` runs; ``reference``: the grid value
-    (key, value) every point is compared with in ``paired.md``, or several for blocks that sweep different keys (a
-    point takes the first whose key it has)."""
+    experiment out (data a user fetches first), empty for one that ``all`` runs; ``reference``: the grid values
+    (key, value) every point is compared with in ``paired.md``: one, or one per swept key for blocks that sweep
+    different keys (a point takes the first whose key it has); none: no paired tables."""
 
     name: str
     description: str
@@ -111,17 +111,8 @@ class Experiment:
     log_x: bool = False
     tuning: Tuning | None = None
     outside_all: str = ""
-    reference: tuple[str, str] | tuple[tuple[str, str], ...] | None = None
+    reference: tuple[tuple[str, str], ...] = ()
     claims: tuple[Claim, ...] = ()
-
-    @property
-    def references(self) -> tuple[tuple[str, str], ...]:
-        """``reference`` as a tuple of (key, value) pairs (none without one)."""
-        if self.reference is None:
-            return ()
-        if isinstance(self.reference[0], str):
-            return (self.reference,)  # type: ignore[return-value]
-        return self.reference  # type: ignore[return-value]
 
     def __post_init__(self) -> None:
         on = None if self.tuning is None else self.tuning.on

@@ -66,7 +66,7 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
-        if exp.reference is not None:
+        if exp.reference:
             _paired_tables([r for r in runs if r.experiment == name and r.done], exp, folder, keep_except=now)
         _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
         if exp.x_axis and rows:
@@ -201,13 +201,13 @@ def verdict(claim: Claim, diff: Mapping[str, Any]) -> str:
 def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except: set[str]) -> None:
     """paired.md and paired.csv: every point against its reference point, for each of the experiment's metrics;
     the rows of an earlier ``paired.csv`` for blocks other than ``keep_except`` are kept."""
-    assert exp.reference is not None
+    assert exp.reference
     by_point: dict[tuple[str, Point], dict[int, Path]] = {}
     for r in runs:
         by_point.setdefault((r.block, r.point), {})[r.seed] = r.out
     rows = []
     for (block, point), dirs in by_point.items():
-        ref = _reference_of(block, point, list(by_point), exp.references)
+        ref = _reference_of(block, point, list(by_point), exp.reference)
         if ref is None:
             continue
         for metric in exp.metrics:

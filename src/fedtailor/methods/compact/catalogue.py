@@ -13,7 +13,7 @@ COMPACT_QUICK = ("federation.rounds=10", "federation.eval_every=0", "data.limit=
 COMPACT_VARIANTS = ("global", "full-dg", "deeplin-dg", "ours-dg", "ours-lrsuq", "dg-q12")
 # every variant and control its own peak step (cosine decay), from one grid around the configs' 0.1, chosen on a
 # validation split of the seen clients' training records (seed 41, the full number of rounds)
-OURS = ("method.variant", "ours-dg")  # the point every other variant is compared with (paired.md)
+OURS = (("method.variant", "ours-dg"),)  # the point every other variant is compared with (paired.md)
 
 
 def _variant(name: str) -> tuple[tuple[str, str], ...]:
@@ -141,7 +141,7 @@ def _compact_experiments(data: str, label: str) -> tuple[Experiment, ...]:
             "restores the private context) at eps 16 and without noise",
             _controls_blocks(eps16),
             quick=COMPACT_QUICK,
-            reference=("method.variant", "factorized"),
+            reference=(("method.variant", "factorized"),),
             claims=CONTROLS_CLAIMS,
             tuning=COMPACT_TUNING,
         ),

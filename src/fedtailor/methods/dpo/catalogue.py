@@ -38,7 +38,7 @@ register_experiment(
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
         seeds=SEEDS,
-        reference=("method.name", "pfeddpo"),  # FedDPO and centralized DPO against pFedDPO, client by client
+        reference=(("method.name", "pfeddpo"),),  # FedDPO and centralized DPO against pFedDPO, client by client
     ),
     Experiment(
         "pfeddpo-rank",
@@ -73,7 +73,7 @@ register_experiment(
         metrics=DPO_METRICS,
         seeds=SEEDS,
         x_axis="clients_per_round",
-        reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO at each S
+        reference=(("method.name", "pfeddpo"),),  # FedDPO against pFedDPO at each S
     ),
     Experiment(
         "pfeddpo-private",
@@ -90,7 +90,7 @@ register_experiment(
         quick=DPO_QUICK,
         metrics=DPO_METRICS,
         seeds=SEEDS,
-        reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO, client by client
+        reference=(("method.name", "pfeddpo"),),  # FedDPO against pFedDPO, client by client
     ),
     Experiment(
         "pfeddpo-private-reduced",
@@ -109,7 +109,7 @@ register_experiment(
         quick=DPO_QUICK,
         metrics=(*DPO_METRICS, "epsilon_max", "noise_multiplier"),
         seeds=SEEDS,
-        reference=("method.name", "pfeddpo"),  # FedDPO against pFedDPO, client by client
+        reference=(("method.name", "pfeddpo"),),  # FedDPO against pFedDPO, client by client
     ),
     module=__name__,
 )

@@ -60,7 +60,7 @@ register_experiment(
         quick=("federation.rounds=10", "federation.eval_every=0", "method.fedlag.warmup=5", "data.limit=10000"),
         metrics=("seen/accuracy", "fedlag_personal"),
         tuning=FEDLAG_TUNING,
-        reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
+        reference=(("method.fedlag.top_k", "0"),),  # each base with FedLAG against itself without
         claims=IMPROVES,
     ),
     Experiment(
@@ -70,7 +70,7 @@ register_experiment(
         quick=("federation.rounds=5", "federation.eval_every=0", "method.fedlag.warmup=2", "data.limit=5000"),
         metrics=("seen/accuracy", "fedlag_personal"),
         tuning=FEDLAG_TUNING,
-        reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
+        reference=(("method.fedlag.top_k", "0"),),  # each base with FedLAG against itself without
         claims=IMPROVES,
     ),
     Experiment(
@@ -112,7 +112,7 @@ register_experiment(
         quick=("federation.rounds=5", "method.fedlag.warmup=2", "data.limit=5000"),
         metrics=("seen/accuracy", "fedlag_personal"),
         tuning=FEDLAG_TUNING,
-        reference=("method.fedlag.top_k", "0"),  # each base with FedLAG against itself without
+        reference=(("method.fedlag.top_k", "0"),),  # each base with FedLAG against itself without
         claims=IMPROVES,
     ),
     Experiment(
@@ -164,7 +164,7 @@ register_experiment(
         # which layers FedLAG made personal, by eps; what the uplink cost a released value
         metrics=("seen/accuracy", "fedlag_personal", "uplink_bits_per_coefficient"),
         tuning=DP_TUNING,
-        reference=("method.fedlag.top_k", "0"),  # FedLAG's gain at each eps: each base with it against without
+        reference=(("method.fedlag.top_k", "0"),),  # FedLAG's gain at each eps: each base with it against without
     ),
     module=__name__,
 )
