@@ -131,8 +131,7 @@ def private_dpo_steps(
                 model, params, tokens, ref, chosen, beta=beta, clip=clip, precision=precision
             )
             losses += step_losses
-            sigma = noise_multiplier * clip
-            noisy_gradients(sums, params, key=key, step=step, sigma=sigma, denom=q * n, pool=pool)
+            noisy_gradients(sums, params, key=key, step=step, sigma=noise_multiplier * clip, denom=q * n, pool=pool)
             opt.step()
             opt.zero_grad(set_to_none=True)
     if not all(math.isfinite(v) for v in losses):
