@@ -272,6 +272,7 @@ def test_quick_reproduction_of_shipped_experiments(tmp_path):
 def test_every_shipped_experiment_plans(tmp_path):
     from fedtailor.config import load_config
     from fedtailor.data.setup import partition_of
+    from fedtailor.lm.preference import PairSplit, hold_out_validation
 
     every = rp.plan(["all", "compact-comm-mnist"], out=tmp_path, seeds=None, quick=True)  # each run once
     in_all = [e for e in rp.EXPERIMENTS.values() if not e.outside_all]  # CIFAR-10 needs files users fetch
@@ -287,9 +288,14 @@ def test_every_shipped_experiment_plans(tmp_path):
             d = load_config(run.config, run.sets).data
             if d.scheme == "dirichlet-equal" and d.limit:
                 assert d.limit // d.num_clients >= d.context_size / (1 - d.eval_fraction), run.out
-                if exp.tuning is not None:  # and the tuning stage's validation split outside the context set
-                    tuning = load_config(run.config, [*run.sets, *exp.tuning.sets])
-                    partition_of(tuning, np.arange(d.limit) % 10)  # raises where it does not fit
+        for run in rp.plan_tuning([name], out=tmp_path, quick=True):  # the validation split fits the quick data
+            cfg = run.cfg
+            assert cfg.data.validation > 0, run.out
+            if cfg.data.dataset.startswith(("hh-rlhf", "shp")):
+                train = [np.arange(cfg.data.pairs_per_client)] * cfg.data.num_clients
+                hold_out_validation(PairSplit(train=train, heldout=train), cfg.data.validation, seed=41)
+            elif cfg.data.scheme == "dirichlet-equal" and cfg.data.limit:  # outside each client's context set
+                partition_of(cfg, np.arange(cfg.data.limit) % 10)  # raises where it does not fit
 
 
 def test_trend_plot_reads_grid_keys_that_contain_the_slug_separator(tmp_path):

@@ -65,16 +65,17 @@ class Claim:
 
 @dataclass(frozen=True)
 class Tuning:
-    """The tuning stage of an experiment: every point of its blocks (each compared method and variant, at each
-    setting) gets its own values of ``grid`` (e.g. the step size ``method.lr``), chosen by ``metric`` on a
-    validation split held out of the seen clients' training records (``sets``), from the same grid and the same
-    budget (rounds, ``seeds``) for all. A grid key a point's config does not have (``method.mu`` for a method
-    without a proximal weight) is left out for that point. Blocks that read another run (``Block.needs``) are not
-    tuned. ``on``: a reduced budget where tuning every block does not fit: ``--tune NAME`` tunes only that block,
-    and a point of another block without a choice of its own runs with the choice of the same point there (Table
-    1's variants tuned at eps 16 serve eps 8 and 32); ``--tune NAME/BLOCK`` tunes the blocks named, whose own
-    choices then come first. An experiment that uses it says so in its docs, since a step need not transfer
-    (measured: at eps 4 the eps-16 steps leave Ours-DG at 28% Seen accuracy)."""
+    """The tuning stage of an experiment: every point of its blocks (each compared method and variant, at each setting)
+    gets its own values of ``grid`` (e.g. the step size ``method.lr``), chosen by ``metric`` on a validation split held
+    out of the seen clients' training records (``sets``: that split, and a reduced budget where the full one does not
+    fit, e.g. ``federation.rounds=20``; ``--quick``'s overrides come after them), from the same grid and the same budget
+    (rounds, ``seeds``) for all. A grid key a point's config does not have (``method.mu`` for a method without a
+    proximal weight) is left out for that point. Blocks that read another run (``Block.needs``) are not tuned. ``on``: a
+    reduced budget where tuning every block does not fit: ``--tune NAME`` tunes only that block, and a point of another
+    block without a choice of its own runs with the choice of the same point there (Table 1's variants tuned at eps 16
+    serve eps 8 and 32); ``--tune NAME/BLOCK`` tunes the blocks named, whose own choices then come first. An experiment
+    that uses it says so in its docs, since a step need not transfer (measured: at eps 4 the eps-16 steps leave Ours-DG
+    at 28% Seen accuracy)."""
 
     grid: tuple[tuple[str, tuple[str, ...]], ...]
     sets: tuple[str, ...] = ("data.validation=0.2",)

@@ -165,6 +165,7 @@ Scheme = Literal["random", "length"]
 class PairSplit:
     train: list[np.ndarray]  # per client: indices into the pair list
     heldout: list[np.ndarray]
+    validation: list[np.ndarray] | None = None  # per client, held out of its training pairs (hold_out_validation)
 
 
 def federated_pairs(
@@ -203,3 +204,23 @@ def federated_pairs(
     else:
         raise ValueError(f"unknown scheme {scheme!r}; use 'random' or 'length'.")
     return PairSplit(train=[np.sort(b[:per_client]) for b in blocks], heldout=[np.sort(b[per_client:]) for b in blocks])
+
+
+def hold_out_validation(split: PairSplit, fraction: float, *, seed: int) -> PairSplit:
+    """``split`` with ``round(fraction * |train|)`` of each client's training pairs held out as its validation
+    pairs (key (seed, "preference-split", "validation", client)) and removed from its training pairs; its held-out
+    pairs are untouched (the preference data's ``data.validation``)."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation fraction must lie in (0, 1), got {fraction!r} (for example 0.2).")
+    train, validation = [], []
+    for client, pairs in enumerate(split.train):
+        n_val = round(fraction * len(pairs))
+        if not 0 < n_val < len(pairs):
+            raise ValueError(
+                f"data.validation = {fraction} holds out {n_val} of client {client}'s {len(pairs)} training pairs; "
+                "choose a fraction that leaves it both validation and training pairs."
+            )
+        order = numpy_rng(seed, "preference-split", "validation", client).permutation(pairs)
+        validation.append(np.sort(order[:n_val]))
+        train.append(np.sort(order[n_val:]))
+    return PairSplit(train=train, heldout=split.heldout, validation=validation)

@@ -1,5 +1,6 @@
 """Preference data: the HH-RLHF split reconstructs the dialogues, SHP rows read in their real format, response
-masks cover exactly the response tokens, and the federated split is disjoint and fixed by the seed."""
+masks cover exactly the response tokens, the federated split and its validation pairs are disjoint and fixed by
+the seed, and each validation mode gives the clients the pairs it says."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedtailor.lm.preference import (
     HH_FILE,
     PreferencePair,
     federated_pairs,
+    hold_out_validation,
     load_hh_rlhf,
     load_shp,
     shared_data_file,
@@ -113,3 +116,38 @@ def test_the_federated_split_is_disjoint_sized_and_seeded():
     assert gaps == sorted(gaps) and gaps[0] < -50 < 50 < gaps[-1]  # from "prefers shorter" to "prefers longer"
     with pytest.raises(ValueError, match="need 1500"):
         federated_pairs(pairs, num_clients=10, per_client=120, heldout=30, seed=3)
+
+
+def test_validation_pairs_come_out_of_the_training_pairs_alone_and_are_seeded():
+    pairs = [PreferencePair("p", "x" * (i % 7 + 1), "y") for i in range(200)]
+    split = federated_pairs(pairs, num_clients=4, per_client=30, heldout=5, seed=3)
+    held = hold_out_validation(split, 0.2, seed=3)
+    for c in range(4):
+        train, val = set(held.train[c].tolist()), set(held.validation[c].tolist())
+        assert len(val) == 6 and len(train) == 24 and not train & val  # round(0.2 * 30) held out
+        assert train | val == set(split.train[c].tolist())  # out of the training pairs, nothing else
+        assert np.array_equal(held.heldout[c], split.heldout[c])  # the held-out pairs untouched
+    again, other = hold_out_validation(split, 0.2, seed=3), hold_out_validation(split, 0.2, seed=4)
+    assert all(np.array_equal(a, b) for a, b in zip(held.validation, again.validation))
+    assert any(not np.array_equal(a, b) for a, b in zip(held.validation, other.validation))
+    positions = {tuple(np.searchsorted(t, v)) for t, v in zip(split.train, held.validation)}
+    assert len(positions) == 4  # a key per client: not the same places of each client's pairs
+    with pytest.raises(ValueError, match="holds out 0 of client 0's 30 training pairs; choose a fraction"):
+        hold_out_validation(split, 0.01, seed=3)
+
+
+@pytest.mark.parametrize("mode", ["replace", "alongside"])
+def test_each_validation_mode_gives_the_clients_the_pairs_it_says(mode):
+    from fedtailor.lm.setup import preference_clients
+
+    pairs = [PreferencePair("p", "x" * (i % 7 + 1), "y" * (i % 5 + 1)) for i in range(100)]
+    split = hold_out_validation(federated_pairs(pairs, num_clients=2, per_client=20, heldout=4, seed=1), 0.25, seed=1)
+    clients = preference_clients(CharTokenizer(), pairs, split, max_length=16, validation_mode=mode)
+    tok = lambda idx: tokenize_pairs(CharTokenizer(), [pairs[i] for i in idx], max_length=16)
+    same = lambda a, b: a is not None and all(torch.equal(a[k], b[k]) for k in b)
+    for c, data in clients.items():
+        assert same(data.train, tok(split.train[c])) and len(data.train["chosen_ids"]) == 15
+        if mode == "replace":  # evaluated on the validation pairs; no held-out pair used
+            assert same(data.eval, tok(split.validation[c])) and data.val is None
+        else:
+            assert same(data.eval, tok(split.heldout[c])) and same(data.val, tok(split.validation[c]))

@@ -28,8 +28,10 @@ from fedtailor.fl.registry import register_data
 from fedtailor.fl.schedule import uniform_schedule
 from fedtailor.lm.preference import (
     HH_FILE,
+    PairSplit,
     PreferencePair,
     federated_pairs,
+    hold_out_validation,
     load_hh_rlhf,
     load_shp,
     shared_data_file,
@@ -126,6 +128,29 @@ def _hub_unreachable() -> str | None:
     return None
 
 
+def preference_clients(
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    split: PairSplit,
+    *,
+    max_length: int,
+    validation_mode: str = "replace",
+) -> dict[int, ClientData]:
+    """Each client's tokenized pairs: ``train``, ``eval`` its held-out pairs (None when it has none: it is then not
+    evaluated) and, with a validation split (``data.validation``), in ``"replace"`` mode ``eval`` its validation
+    pairs instead (for choosing hyperparameters: no held-out pair is used), in ``"alongside"`` mode ``val`` its
+    validation pairs beside the held-out ones (so the results report the round chosen on them)."""
+    tok = lambda idx: tokenize_pairs(tokenizer, [pairs[i] for i in idx], max_length=max_length) if len(idx) else None
+    clients = {}
+    for cid, (train, held) in enumerate(zip(split.train, split.heldout)):
+        val = tok(split.validation[cid]) if split.validation is not None else None
+        if val is not None and validation_mode == "replace":
+            clients[cid] = ClientData(cid=cid, seen=True, train=tok(train), eval=val)
+        else:
+            clients[cid] = ClientData(cid=cid, seen=True, train=tok(train), eval=tok(held), val=val)
+    return clients
+
+
 def build_preference_setup(cfg: RunConfig) -> PreferenceSetup:
     from fedtailor.lm.model import load_causal_lm
 
@@ -142,11 +167,12 @@ def build_preference_setup(cfg: RunConfig) -> PreferenceSetup:
         scheme=d.preference_split,
         seed=cfg.seed,
     )
+    if d.validation:
+        split = hold_out_validation(split, d.validation, seed=cfg.seed)
     lm = load_causal_lm(m.model, device=str(device))
-    clients = {}
-    for cid, (train, held) in enumerate(zip(split.train, split.heldout)):
-        tok = lambda idx: tokenize_pairs(lm.tokenizer, [data.pairs[i] for i in idx], max_length=d.max_length)
-        clients[cid] = ClientData(cid=cid, seen=True, train=tok(train), eval=tok(held) if len(held) else None)
+    clients = preference_clients(
+        lm.tokenizer, data.pairs, split, max_length=d.max_length, validation_mode=d.validation_mode
+    )
     order = uniform_schedule(
         num_clients=d.num_clients,
         rounds=cfg.federation.rounds,

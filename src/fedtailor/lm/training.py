@@ -4,6 +4,7 @@ of both sides in one forward pass, cached reference log-probabilities, and rewar
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,17 @@ import torch
 from fedtailor.lm.dpo import DPOOutput, dpo_loss, response_logprobs
 
 Tokens = dict[str, torch.Tensor]
+
+
+def pairs_digest(tokens: Tokens) -> str:
+    """A digest of tokenized pairs (every array, in name order): which set of pairs cached reference
+    log-probabilities belong to."""
+    h = hashlib.sha256()
+    for name in sorted(tokens):
+        t = tokens[name].detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def precision_context(model: Any, precision: str) -> contextlib.AbstractContextManager:

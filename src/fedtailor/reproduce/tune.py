@@ -66,8 +66,8 @@ def plan_tuning(
                     for seed in tuning.seeds[:1] if quick else tuning.seeds:
                         sets = [
                             *block.sets,
-                            *(exp.quick if quick else ()),
                             *tuning.sets,
+                            *(exp.quick if quick else ()),
                             *(f"{k}={v}" for k, v in (*point, *values)),
                             f"seed={seed}",
                         ]

@@ -53,7 +53,7 @@ from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.registry import register_method
 from fedtailor.lm.dpsgd import private_dpo_steps
-from fedtailor.lm.training import dpo_on, evaluate_pairs, reference_logprobs
+from fedtailor.lm.training import dpo_on, evaluate_pairs, pairs_digest, reference_logprobs
 from fedtailor.methods.pfl.local import RecordDPConfig
 from fedtailor.methods.pfl.private import calibrate_steps, participations
 from fedtailor.privacy.dpsgd import sampling_rate
@@ -117,7 +117,7 @@ class DPOClient:
     adapter: Params = field(default_factory=dict)
     moments: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     ref_train: torch.Tensor | None = None  # (n_train, 2)
-    ref_eval: torch.Tensor | None = None
+    ref_eval: dict[str, torch.Tensor] = field(default_factory=dict)  # each evaluation set's, by pairs_digest
 
 
 @dataclass
@@ -252,7 +252,11 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         self.model.eval()
         with self._adapters_off():
             ref_train = reference_logprobs(self.model, data.train, precision=self.precision)
-            ref_eval = reference_logprobs(self.model, data.eval, precision=self.precision) if data.eval else None
+            ref_eval = {  # the held-out pairs' and the validation pairs' (data.validation_mode = "alongside")
+                pairs_digest(t): reference_logprobs(self.model, t, precision=self.precision)
+                for t in (data.eval, data.val)
+                if t is not None
+            }
         return Message(config={"pairs": len(ref_train)}), DPOClient(ref_train=ref_train, ref_eval=ref_eval)
 
     def validate_reply(self, server: DPOServer, phase: str, rnd: int, cid: int, reply: Message) -> None:
@@ -469,8 +473,11 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             self.model, data.train, state.ref_train, beta=self.beta, precision=self.precision
         )
         out = {"train_accuracy": train_acc, "train_loss": train_loss, "num_examples": float(len(state.ref_train))}
-        if state.ref_eval is not None:
-            acc, loss = evaluate_pairs(self.model, data.eval, state.ref_eval, beta=self.beta, precision=self.precision)
+        if data.eval is not None:
+            ref = state.ref_eval.get(pairs_digest(data.eval))
+            if ref is None:
+                raise ValueError(f"client {data.cid} has no reference log-probabilities of its evaluation pairs.")
+            acc, loss = evaluate_pairs(self.model, data.eval, ref, beta=self.beta, precision=self.precision)
             out.update({"accuracy": acc, "loss": loss})
         return out
 

@@ -3,6 +3,8 @@ how bases are averaged, the kappa^2 diagnostics against their definition, and sh
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -104,6 +106,26 @@ def test_a_short_pfeddpo_run_lowers_the_loss_and_raises_training_reward_accuracy
     assert losses[-1] < losses[0] - 0.05
     train_acc = np.mean([m["train_accuracy"] for m in result.evaluation.values()])
     assert train_acc >= 0.8  # from 0.5 (ties at the start: the reference is the initial model)
+
+
+def test_validation_pairs_alongside_score_as_they_do_in_place_of_the_held_out_ones():
+    """data.validation_mode = "alongside": each client's validation pairs get their own cached reference
+    log-probabilities, so their val_* metrics equal those of a run that evaluates on them instead (replace)."""
+    clients = _clients()
+    val = {c: clients[(c + 1) % 3].eval for c in clients}  # a set of pairs other than its held-out ones
+    alongside = {c: dataclasses.replace(d, val=val[c]) for c, d in clients.items()}
+    instead = {c: dataclasses.replace(d, eval=val[c]) for c, d in clients.items()}
+    schedule = np.tile(np.arange(3), (2, 1))
+    a = run_federated(_method(rounds=2), alongside, schedule, eval_every=2, progress=False)
+    b = run_federated(_method(rounds=2), instead, schedule, eval_every=2, progress=False)
+    for c in clients:
+        assert len(a.state.clients[c].ref_eval) == 2 and len(b.state.clients[c].ref_eval) == 1
+        assert a.evaluation[c]["val_accuracy"] == b.evaluation[c]["accuracy"]
+        assert a.evaluation[c]["val_loss"] == b.evaluation[c]["loss"]
+        assert a.evaluation[c]["loss"] != a.evaluation[c]["val_loss"]  # the held-out pairs scored apart
+    method = _method(rounds=2)
+    with pytest.raises(ValueError, match="client 0 has no reference log-probabilities of its evaluation pairs"):
+        method.client_evaluate(Message(arrays=dict(a.state.server.base)), b.state.clients[0], clients[0])
 
 
 def test_centralized_dpo_trains_one_model_on_the_pooled_pairs():
