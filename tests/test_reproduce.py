@@ -19,7 +19,7 @@ from conftest import TINY_TOML
 from fedtailor.config import dump_config
 from fedtailor.methods.compact.catalogue import COMPACT_VARIANTS
 from fedtailor.reproduce.report import _reference_of, _trend_plot
-from fedtailor.rundir import slug
+from fedtailor.rundir import read_metrics, slug
 
 
 @pytest.fixture()
@@ -395,6 +395,34 @@ def test_a_table_counts_over_seeds_the_layers_fedlag_made_personal(tmp_path, tin
     cell = next(csv.DictReader((folder / "table.csv").open()))["fedlag_personal"]
     counts = {name: f"{sum(name in c for c in chosen)}/3" for c in chosen for name in c}
     assert cell == ", ".join(f"{n} {k}" for n, k in sorted(counts.items()))
+
+
+def test_the_round_table_gives_each_per_round_metric_over_seeds_at_the_rounds_logged(tmp_path, tiny):
+    """``round_metrics`` (pFedDPO's kappa^2 every 10 rounds): rounds.csv holds, per point and round, the mean +- std
+    over the seeds that logged it; a metric logged at some rounds only (the evaluation every 2 of 3 rounds) is empty
+    elsewhere."""
+    block = rp.Block("b", tiny[0], (("method.lr", ("0.2",)),))
+    exp = rp.Experiment(
+        "r", "rounds", (block,), quick=("federation.rounds=3",), seeds=(1, 2), round_metrics=("loss", "seen/accuracy")
+    )
+    runs = rp.plan(["r"], out=tmp_path, seeds=[1, 2], quick=True, registry={"r": exp})
+    assert rp.execute(runs) == []
+    folder = rp.tables(runs, out=tmp_path, registry={"r": exp})[0]
+    rows = list(csv.DictReader((folder / "rounds.csv").open()))
+    assert [(r["point"], r["round"]) for r in rows] == [("lr=0.2", str(k)) for k in (1, 2, 3)]
+    for row in rows:
+        records = [
+            next(m for m in read_metrics(r.out) if m["round"] == int(row["round"]))
+            for r in runs
+            if slug(r.point) == row["point"]
+        ]
+        for metric in exp.round_metrics:
+            values = [m[metric] for m in records if metric in m]
+            expected = f"{np.mean(values):.3g} +- {np.std(values, ddof=1):.2g} (2)" if values else ""
+            assert row[metric] == expected and (metric == "loss" or bool(values) == (row["round"] != "1"))
+    assert (
+        "| b | lr=0.2 | 1 |" in (folder / "rounds.md").read_text() and "(2) | - |" in (folder / "rounds.md").read_text()
+    )
 
 
 def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path, tiny):

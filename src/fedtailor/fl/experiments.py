@@ -100,7 +100,9 @@ class Experiment:
     (``fedtailor reproduce NAME --tune``), whose choices its runs then use; ``outside_all``: why ``all`` leaves the
     experiment out (data a user fetches first), empty for one that ``all`` runs; ``reference``: the grid values
     (key, value) every point is compared with in ``paired.md``: one, or one per swept key for blocks that sweep
-    different keys (a point takes the first whose key it has); none: no paired tables."""
+    different keys (a point takes the first whose key it has); none: no paired tables. ``round_metrics``: metrics of
+    the per-round records (pFedDPO's kappa^2 at its diagnosed rounds) that ``rounds.md`` gives at every round the runs
+    logged them, mean +- std over seeds."""
 
     name: str
     description: str
@@ -114,6 +116,7 @@ class Experiment:
     outside_all: str = ""
     reference: tuple[tuple[str, str], ...] = ()
     claims: tuple[Claim, ...] = ()
+    round_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         on = None if self.tuning is None else self.tuning.on

@@ -5,7 +5,9 @@ point with the seed spread) and ``trend.png`` where the experiment has a numeric
 alpha or k, as the papers' figures); and ``OUT/report.html`` linking every experiment with its tables and images
 inline (one file, no external resources). An experiment with a ``reference`` point also gets ``paired.md`` and
 ``paired.csv``: each point's difference from its reference, paired by seed (mean, a Student-t 95% interval over
-seeds, the per-seed differences) and by (seed, client) (a percentile-bootstrap 95% interval over those pairs)."""
+seeds, the per-seed differences) and by (seed, client) (a percentile-bootstrap 95% interval over those pairs). An
+experiment with ``round_metrics`` also gets ``rounds.md`` and ``rounds.csv``: those per-round metrics at every
+round logged, over seeds."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from scipy.special import stdtrit
 from fedtailor.fl.experiments import EXPERIMENTS, Claim, Experiment
 from fedtailor.report import aggregate_seeds, is_accuracy, metric_variants, seed_cells
 from fedtailor.reproduce.plan import Run
-from fedtailor.rundir import Point, read_results, slug
+from fedtailor.rundir import Point, read_metrics, read_results, slug
 
 
 def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = EXPERIMENTS) -> list[Path]:
@@ -68,6 +70,8 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             writer.writerows(rows)
         if exp.reference:
             _paired_tables([r for r in runs if r.experiment == name and r.done], exp, folder, keep_except=now)
+        if exp.round_metrics:
+            _round_tables([r for r in runs if r.experiment == name and r.done], exp, folder, keep_except=now)
         _bar_plot(rows, exp.metrics, folder / "accuracy.png", title=name)
         if exp.x_axis and rows:
             _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
@@ -264,6 +268,46 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_excep
         writer.writerows(rows)
 
 
+def _round_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except: set[str]) -> None:
+    """rounds.md and rounds.csv: each of the experiment's ``round_metrics`` per point at every round the runs logged
+    it (mean +- std over the seeds that logged it, and how many did); the rows of an earlier ``rounds.csv`` for
+    blocks other than ``keep_except`` are kept."""
+    by_point: dict[tuple[str, str], list[Path]] = {}
+    for r in runs:
+        by_point.setdefault((r.block, slug(r.point)), []).append(r.out)
+    rows = []
+    for (block, point), dirs in by_point.items():
+        logged: dict[int, dict[str, list[float]]] = {}  # round -> metric -> one value per seed
+        for d in dirs:
+            for record in read_metrics(d):
+                for m in exp.round_metrics:
+                    v = record.get(m)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        logged.setdefault(int(record["round"]), {}).setdefault(m, []).append(float(v))
+        for rnd in sorted(logged):
+            row: dict[str, Any] = {"block": block, "point": point, "round": rnd}
+            for m, vals in logged[rnd].items():
+                std = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+                row[m] = f"{np.mean(vals):.3g} +- {std:.2g} ({len(vals)})"
+            rows.append(row)
+    rows = _in_block_order(exp, _earlier_rows(folder / "rounds.csv", exp, keep_except) + rows)
+    cols = ["block", "point", "round", *exp.round_metrics]
+    md = [
+        f"# {exp.name}: per-round metrics",
+        "",
+        "Mean +- std over seeds at each round the runs logged them (in brackets: how many seeds did).",
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
+    md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
+    (folder / "rounds.md").write_text("\n".join(md) + "\n")
+    with (folder / "rounds.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def table_columns(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
     """The columns of an experiment's table: the point, then each metric with its variants
     (:func:`fedtailor.report.metric_variants`) that some row has."""
@@ -364,16 +408,21 @@ def html_report(folders: list[Path], *, out: Path, registry: Mapping[str, Experi
         parts.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows]
         parts.append("</table>")
-        if (folder / "paired.csv").exists():
-            with (folder / "paired.csv").open() as fh:
-                paired = list(csv.DictReader(fh))
-            if paired:
-                parts.append("<h3>Paired differences from the reference point</h3><table><tr>")
-                parts[-1] += "".join(f"<th>{html.escape(c)}</th>" for c in paired[0]) + "</tr>"
-                parts += [
-                    "<tr>" + "".join(f"<td>{html.escape(v or '')}</td>" for v in r.values()) + "</tr>" for r in paired
-                ]
-                parts.append("</table>")
+        for table, title in (
+            ("paired.csv", "Paired differences from the reference point"),
+            ("rounds.csv", "Per round"),
+        ):
+            if (folder / table).exists():
+                with (folder / table).open() as fh:
+                    extra = list(csv.DictReader(fh))
+                if extra:
+                    parts.append(f"<h3>{title}</h3><table><tr>")
+                    parts[-1] += "".join(f"<th>{html.escape(c)}</th>" for c in extra[0]) + "</tr>"
+                    parts += [
+                        "<tr>" + "".join(f"<td>{html.escape(v or '')}</td>" for v in r.values()) + "</tr>"
+                        for r in extra
+                    ]
+                    parts.append("</table>")
         for png in (folder / "accuracy.png", folder / "trend.png"):
             if png.exists():
                 data = base64.b64encode(png.read_bytes()).decode()

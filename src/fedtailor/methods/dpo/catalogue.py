@@ -25,6 +25,9 @@ DPO_TUNING = Tuning(
     grid=(("method.lr", ("3e-5", "1e-4", "3e-4")),),
     sets=("data.validation=0.2", "federation.rounds=40", "federation.eval_every=0", "method.diagnostics_every=0"),
 )
+# the diagnostics the federated methods log every 10 rounds (rounds.md): kappa^2 with adapters off and on, and each
+# over the squared norm of the mean gradient (the paper's comparable quantity)
+KAPPA = ("kappa2", "kappa2_eff", "kappa2_rel", "kappa2_eff_rel")
 SPLITS = ("data.preference_split", ("random", "length"))  # the paper's random partition; clients that differ
 SEEDS = (41, 42, 43)
 
@@ -47,6 +50,7 @@ register_experiment(
         seeds=SEEDS,
         reference=(("method.name", "pfeddpo"),),  # FedDPO and centralized DPO against pFedDPO, client by client
         tuning=DPO_TUNING,
+        round_metrics=KAPPA,
     ),
     Experiment(
         "pfeddpo-rank",
