@@ -251,21 +251,11 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_excep
         "paper",
         "verdict",
     ]
-    md = [
-        f"# {exp.name}: paired differences",
-        "",
-        "Each point minus its reference (accuracies in points), paired "
-        "by seed (Student-t 95% interval over seeds) and by (seed, client) (percentile bootstrap).",
-        "",
-        "| " + " | ".join(cols) + " |",
-        "|" + "---|" * len(cols),
-    ]
-    md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
-    (folder / "paired.md").write_text("\n".join(md) + "\n")
-    with (folder / "paired.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=cols)
-        writer.writeheader()
-        writer.writerows(rows)
+    note = (
+        "Each point minus its reference (accuracies in points), paired by seed (Student-t 95% interval over seeds) "
+        "and by (seed, client) (percentile bootstrap)."
+    )
+    _write_table(folder / "paired", f"{exp.name}: paired differences", note, cols, rows)
 
 
 def _round_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except: set[str]) -> None:
@@ -292,17 +282,16 @@ def _round_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except
             rows.append(row)
     rows = _in_block_order(exp, _earlier_rows(folder / "rounds.csv", exp, keep_except) + rows)
     cols = ["block", "point", "round", *exp.round_metrics]
-    md = [
-        f"# {exp.name}: per-round metrics",
-        "",
-        "Mean +- std over seeds at each round the runs logged them (in brackets: how many seeds did).",
-        "",
-        "| " + " | ".join(cols) + " |",
-        "|" + "---|" * len(cols),
-    ]
+    note = "Mean +- std over seeds at each round the runs logged them (in brackets: how many seeds did)."
+    _write_table(folder / "rounds", f"{exp.name}: per-round metrics", note, cols, rows)
+
+
+def _write_table(stem: Path, title: str, note: str, cols: list[str], rows: list[dict[str, Any]]) -> None:
+    """``stem``.md (a title, a note and the rows, "-" where a row has no value) and ``stem``.csv (the same columns)."""
+    md = [f"# {title}", "", note, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(str(r.get(c, "-")) for c in cols) + " |" for r in rows]
-    (folder / "rounds.md").write_text("\n".join(md) + "\n")
-    with (folder / "rounds.csv").open("w", newline="") as fh:
+    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    with stem.with_suffix(".csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=cols)
         writer.writeheader()
         writer.writerows(rows)
