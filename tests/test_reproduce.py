@@ -343,6 +343,26 @@ def test_a_finished_run_counts_only_for_the_config_it_ran(tmp_path):
         )
 
 
+def test_a_point_whose_folder_holds_a_run_of_another_config_is_named_before_anything_runs(tmp_path, tiny):
+    """A point whose config changed since its folder was run (a new tuning choice) is not started, to fail in its
+    log: the reproduction says at once which key changed and what to do; the other points run."""
+    grid = (("method.lr", ("0.05", "0.2")),)
+    before = rp.Experiment("e", "x", (rp.Block("b", tiny[0], grid),), quick=("federation.rounds=1",), seeds=(1,))
+    assert rp.execute(rp.plan(["e"], out=tmp_path, seeds=None, quick=True, registry={"e": before})) == []
+    changed = rp.Block("b", tiny[0], grid, ("federation.clients_per_round=2",))
+    after = rp.Experiment("e", "x", (changed,), quick=("federation.rounds=1",), seeds=(1,))
+    runs = rp.plan(["e"], out=tmp_path, seeds=None, quick=True, registry={"e": after})
+    (tmp_path / "e" / "b" / "lr=0.2" / "seed1").rename(tmp_path / "aside")  # moved aside: this one runs
+    lines: list[str] = []
+    started: list[str] = []
+    command = lambda run: started.append(run.label) or [sys.executable, "-c", "pass"]
+    failed = rp.execute(runs, progress=lines.append, command=command)
+    assert [r.label for r in failed] == ["e/b/lr=0.05 seed 1"] and started == ["e/b/lr=0.2 seed 1"]
+    (line,) = [x for x in lines if "not run" in x]
+    assert "e/b/lr=0.05 seed 1 not run" in line and "clients_per_round (was 3, now 2)" in line
+    assert line.endswith("move it aside or delete it to run this one")
+
+
 def test_a_repeated_seed_or_grid_value_is_refused(tmp_path, registry):
     """A seed or grid value given twice would count twice in the mean: refused in one line, before any run."""
     with pytest.raises(ValueError, match="--seeds gives seed 1 more than once"):

@@ -147,13 +147,20 @@ def finished(run_dir: str | Path, cfg: RunConfig) -> bool:
     if not completed(run_dir):
         return False
     try:
-        old, new = read_config(run_dir), json.loads(dump_config(cfg))
+        return not config_differences_from(run_dir, cfg)
     except (OSError, ValueError):
         return False
+
+
+def config_differences_from(run_dir: str | Path, cfg: RunConfig) -> list[str]:
+    """The keys (with both values) in which the config saved in ``run_dir`` differs from ``cfg`` resolved, fields
+    added since at their defaults, the run's ``name`` and ``out_dir`` aside; OSError or ValueError without a
+    readable saved config."""
+    old, new = read_config(run_dir), json.loads(dump_config(cfg))
     for tree in (old, new):
         tree.pop("name", None)
         tree.pop("out_dir", None)
-    return not config_differences(old, new, defaults=config_defaults(cfg))
+    return config_differences(old, new, defaults=config_defaults(cfg))
 
 
 def read_config(run_dir: str | Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from fedtailor.reproduce.plan import Run
-from fedtailor.rundir import completed
+from fedtailor.rundir import completed, config_differences_from
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 def _log_path(run: Run) -> Path:
     """The log of a run's process, beside its run directory."""
     return run.out.parent / f"{run.out.name}.log"
+
+
+def _holds_another(run: Run) -> bool:
+    """Whether the run's folder holds a run (finished or not) of another config than the planned one."""
+    try:
+        return bool(config_differences_from(run.out, run.cfg))
+    except (OSError, ValueError):  # no saved config: nothing run there yet
+        return False
 
 
 def usable_cores() -> int:
@@ -47,6 +55,13 @@ def execute(
     jobs = max(1, min(jobs, cores))
     todo = [r for r in runs if not r.done]
     done, failed = len(runs) - len(todo), []
+    for run in [r for r in todo if r.same_as is None and _holds_another(r)]:  # e.g. run before a new tuning choice
+        todo.remove(run)
+        failed.append(run)
+        progress(
+            f"reproduce: {run.label} not run: {run.out} holds a run of another config "
+            f"({'; '.join(config_differences_from(run.out, run.cfg)[:3])}); move it aside or delete it to run this one"
+        )
     running: dict[subprocess.Popen[bytes], tuple[Run, float, IO[str]]] = {}
     durations: list[float] = []
     threads = str(cores // jobs)  # jobs x threads never exceeds the cores
