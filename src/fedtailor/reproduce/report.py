@@ -260,8 +260,8 @@ def _paired_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_excep
 
 def _round_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except: set[str]) -> None:
     """rounds.md and rounds.csv: each of the experiment's ``round_metrics`` per point at every round the runs logged
-    it (mean +- std over the seeds that logged it, and how many did); the rows of an earlier ``rounds.csv`` for
-    blocks other than ``keep_except`` are kept."""
+    it (mean +- std over the seeds that logged a finite value, and how many did); the rows of an earlier
+    ``rounds.csv`` for blocks other than ``keep_except`` are kept."""
     by_point: dict[tuple[str, str], list[Path]] = {}
     for r in runs:
         by_point.setdefault((r.block, slug(r.point)), []).append(r.out)
@@ -272,7 +272,7 @@ def _round_tables(runs: list[Run], exp: Experiment, folder: Path, *, keep_except
             for record in read_metrics(d):
                 for m in exp.round_metrics:
                     v = record.get(m)
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                         logged.setdefault(int(record["round"]), {}).setdefault(m, []).append(float(v))
         for rnd in sorted(logged):
             row: dict[str, Any] = {"block": block, "point": point, "round": rnd}
