@@ -131,10 +131,12 @@ def chosen_rounds(
 
 def evaluate_client(method: Method, msg: Message, state: Any, data: ClientData) -> Metrics:
     """A client's evaluation reply: the method's metrics on its evaluation records and, when it also holds
-    validation records (``data.val``), the same metrics on those with the prefix ``val_``."""
+    validation records (``data.val``), the same metrics on those with the prefix ``val_``. The validation pass
+    sees the validation records alone (``train`` None), so what a method measures on the training records
+    (pFedDPO's ``train_accuracy``) is neither computed twice nor reported as a validation figure."""
     metrics = dict(method.client_evaluate(msg, state, data))
     if data.val is not None:
-        val = method.client_evaluate(msg, state, dataclasses.replace(data, eval=data.val))
+        val = method.client_evaluate(msg, state, dataclasses.replace(data, eval=data.val, val=None, train=None))
         metrics.update({VALIDATION + k: v for k, v in val.items()})
     return metrics
 

@@ -94,7 +94,8 @@ class Method(ABC, Generic[S, C]):
 
     @abstractmethod
     def client_evaluate(self, msg: Message, state: C | None, data: ClientData) -> Metrics:
-        """Per-client metrics on its evaluation records; must include ``num_examples``."""
+        """Per-client metrics on its evaluation records; must include ``num_examples``. ``data.train`` is None when
+        the records evaluated are the client's validation records (:func:`fedtailor.fl.loop.evaluate_client`)."""
 
     # ----- run-level extras ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -469,10 +469,12 @@ class PFedDPO(Method[DPOServer, DPOClient]):
             raise ValueError(f"client {data.cid} has no reference log-probabilities: it must take part in setup.")
         self._load(msg.arrays, state.adapter or None)
         self.model.eval()
-        train_acc, train_loss = evaluate_pairs(
-            self.model, data.train, state.ref_train, beta=self.beta, precision=self.precision
-        )
-        out = {"train_accuracy": train_acc, "train_loss": train_loss, "num_examples": float(len(state.ref_train))}
+        out = {"num_examples": float(len(state.ref_train))}
+        if data.train is not None:  # None in the validation pass (fedtailor.fl.loop.evaluate_client)
+            acc, loss = evaluate_pairs(
+                self.model, data.train, state.ref_train, beta=self.beta, precision=self.precision
+            )
+            out.update({"train_accuracy": acc, "train_loss": loss})
         if data.eval is not None:
             ref = state.ref_eval.get(pairs_digest(data.eval))
             if ref is None:

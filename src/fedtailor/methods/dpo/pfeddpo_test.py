@@ -123,6 +123,8 @@ def test_validation_pairs_alongside_score_as_they_do_in_place_of_the_held_out_on
         assert a.evaluation[c]["val_accuracy"] == b.evaluation[c]["accuracy"]
         assert a.evaluation[c]["val_loss"] == b.evaluation[c]["loss"]
         assert a.evaluation[c]["loss"] != a.evaluation[c]["val_loss"]  # the held-out pairs scored apart
+        assert "val_train_accuracy" not in a.evaluation[c]  # the training pairs scored once
+        assert a.evaluation[c]["train_accuracy"] == b.evaluation[c]["train_accuracy"]
     method = _method(rounds=2)
     with pytest.raises(ValueError, match="client 0 has no reference log-probabilities of its evaluation pairs"):
         method.client_evaluate(Message(arrays=dict(a.state.server.base)), b.state.clients[0], clients[0])
