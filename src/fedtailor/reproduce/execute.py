@@ -25,12 +25,13 @@ def _log_path(run: Run) -> Path:
     return run.out.parent / f"{run.out.name}.log"
 
 
-def _holds_another(run: Run) -> bool:
-    """Whether the run's folder holds a run (finished or not) of another config than the planned one."""
+def _other_config(run: Run) -> list[str]:
+    """How the config of the run its folder holds (finished or not) differs from the planned one (empty: the same,
+    or nothing run there yet)."""
     try:
-        return bool(config_differences_from(run.out, run.cfg))
-    except (OSError, ValueError):  # no saved config: nothing run there yet
-        return False
+        return config_differences_from(run.out, run.cfg)
+    except (OSError, ValueError):  # no saved config
+        return []
 
 
 def usable_cores() -> int:
@@ -55,13 +56,14 @@ def execute(
     jobs = max(1, min(jobs, cores))
     todo = [r for r in runs if not r.done]
     done, failed = len(runs) - len(todo), []
-    for run in [r for r in todo if r.same_as is None and _holds_another(r)]:  # e.g. run before a new tuning choice
-        todo.remove(run)
-        failed.append(run)
-        progress(
-            f"reproduce: {run.label} not run: {run.out} holds a run of another config "
-            f"({'; '.join(config_differences_from(run.out, run.cfg)[:3])}); move it aside or delete it to run this one"
-        )
+    for run in [r for r in todo if r.same_as is None]:
+        if other := _other_config(run):  # e.g. run before a new tuning choice
+            todo.remove(run)
+            failed.append(run)
+            progress(
+                f"reproduce: {run.label} not run: {run.out} holds a run of another config ({'; '.join(other[:3])}); "
+                "move it aside or delete it to run this one"
+            )
     running: dict[subprocess.Popen[bytes], tuple[Run, float, IO[str]]] = {}
     durations: list[float] = []
     threads = str(cores // jobs)  # jobs x threads never exceeds the cores
