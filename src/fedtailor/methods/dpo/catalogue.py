@@ -122,6 +122,7 @@ register_experiment(
         metrics=(*DPO_METRICS, "epsilon_max", "noise_multiplier"),
         seeds=SEEDS,
         reference=(("method.name", "pfeddpo"),),  # FedDPO against pFedDPO, client by client
+        tuning=Tuning(grid=DPO_TUNING.grid),  # the noise and the clip change the best step: each point its own
     ),
     module=__name__,
 )
