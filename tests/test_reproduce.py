@@ -280,6 +280,9 @@ def test_every_shipped_experiment_plans(tmp_path):
     assert {"compact-table1-cifar10"} == {e.name for e in rp.EXPERIMENTS.values() if e.outside_all}
 
     for name, exp in rp.EXPERIMENTS.items():
+        for claim in exp.claims:  # each claim names a metric of the table and points the experiment has
+            points = [p for b in exp.blocks if claim.block in (None, b.name) for p in b.points()]
+            assert claim.metric in exp.metrics and any(set(claim.point) <= set(p) for p in points), (name, claim)
         if exp.x_axis not in (None, "block"):  # trend.png needs the axis in every point
             assert all(any(k.split(".")[-1] == exp.x_axis for k, _ in b.grid) for b in exp.blocks), name
         runs = rp.plan([name], out=tmp_path, seeds=[41], quick=True)

@@ -4,7 +4,7 @@ federated methods under pair-level DP."""
 
 from __future__ import annotations
 
-from fedtailor.fl.experiments import Block, Experiment, Tuning, register_experiment
+from fedtailor.fl.experiments import Block, Claim, Experiment, Tuning, register_experiment
 
 # --quick for pFedDPO: 2 rounds of one local step on 8 pairs per client
 DPO_QUICK = (
@@ -28,6 +28,19 @@ DPO_TUNING = Tuning(
 # the diagnostics the federated methods log every 10 rounds (rounds.md): kappa^2 with adapters off and on, and each
 # over the squared norm of the mean gradient (the paper's comparable quantity)
 KAPPA = ("kappa2", "kappa2_eff", "kappa2_rel", "kappa2_eff_rel")
+# the paper's round-80 training reward accuracies on hh-rlhf (pFedDPO 0.95, FedDPO 0.92, centralized 0.80), as paired
+# differences from pFedDPO (paired.md: each baseline minus pFedDPO, so "below")
+DPO_CLAIMS = (
+    Claim(
+        (("method.name", "feddpo"),), "seen/train_accuracy", "below", "pFedDPO above FedDPO: 0.95 vs 0.92 (round 80)"
+    ),
+    Claim(
+        (("method.name", "dpo-central"),),
+        "seen/train_accuracy",
+        "below",
+        "pFedDPO above centralized DPO: 0.95 vs 0.80 (round 80)",
+    ),
+)
 SPLITS = ("data.preference_split", ("random", "length"))  # the paper's random partition; clients that differ
 SEEDS = (41, 42, 43)
 
@@ -51,6 +64,7 @@ register_experiment(
         reference=(("method.name", "pfeddpo"),),  # FedDPO and centralized DPO against pFedDPO, client by client
         tuning=DPO_TUNING,
         round_metrics=KAPPA,
+        claims=DPO_CLAIMS,
     ),
     Experiment(
         "pfeddpo-rank",
