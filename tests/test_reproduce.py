@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -533,6 +534,45 @@ def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):
     assert lrs[("b", "clients_per_round=2")] == float(own["a/clients_per_round=2"]["method.lr"])
     with pytest.raises(ValueError, match="on-c: its tuning stage is on block 'c', which is not a block of it"):
         rp.Experiment("on-c", "x", blocks, tuning=rp.Tuning(grid=tuning.grid, on="c"))
+
+
+def test_an_ablation_takes_the_choice_of_the_tuned_point_its_config_agrees_with(tmp_path, tiny):
+    """``Experiment.tuned_as``: each point runs with the choice of the other experiment's tuned point whose grid
+    values its own config already has (the participation ablation at the compared methods' steps), its config's own
+    values where none agrees; naming an experiment without a tuning stage, or having both, is refused."""
+    tuning = rp.Tuning(grid=(("method.lr", ("0.01", "0.5")),), seeds=(1,))
+    main = rp.Experiment(
+        "main",
+        "two methods at 3 clients a round, each its own step",
+        (rp.Block("m", tiny[0], (("method.name", ("fedavg", "fedprox")),), ("federation.clients_per_round=3",)),),
+        seeds=(1,),
+        tuning=tuning,
+    )
+    grid = (("method.name", ("fedavg", "fedprox", "ditto")), ("federation.clients_per_round", ("2", "3")))
+    ablation = rp.Experiment(
+        "abl", "each method at 2 and 3 clients a round", (rp.Block("a", tiny[0], grid),), seeds=(1,), tuned_as="main"
+    )
+    registry, out = {"main": main, "abl": ablation}, tmp_path / "out"
+    assert "(at main's tuned steps)" in rp.listing(registry)
+    folder = out / "main" / "tuning"
+    folder.mkdir(parents=True)
+    choices = {"m/name=fedavg": {"method.lr": "0.5"}, "m/name=fedprox": {"method.lr": "0.01"}}
+    (folder / "choices.json").write_text(json.dumps({"quick": True, "choices": choices}))
+    lrs = {slug(r.point): r.cfg.method.lr for r in rp.plan(["abl"], out=out, seeds=None, quick=True, registry=registry)}
+    default = rp.plan(["main"], out=tmp_path / "none", seeds=None, quick=True, registry=registry)[0].cfg.method.lr
+    assert default not in (0.5, 0.01)
+    assert lrs == {
+        "name=fedavg_clients_per_round=2": 0.5,
+        "name=fedavg_clients_per_round=3": 0.5,
+        "name=fedprox_clients_per_round=2": 0.01,
+        "name=fedprox_clients_per_round=3": 0.01,
+        "name=ditto_clients_per_round=2": default,  # no tuned point agrees with Ditto
+        "name=ditto_clients_per_round=3": default,
+    }
+    with pytest.raises(ValueError, match="abl takes the tuning choices of 'm', which is not an experiment with"):
+        rp.plan(["abl"], out=out, seeds=None, quick=True, registry={"abl": replace(ablation, tuned_as="m")})
+    with pytest.raises(ValueError, match="x: an experiment has a tuning stage or takes another's choices, not both"):
+        rp.Experiment("x", "x", main.blocks, tuning=tuning, tuned_as="main")
 
 
 def test_a_block_that_fixes_a_tuned_key_is_refused(tmp_path, tiny):

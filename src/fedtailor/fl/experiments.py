@@ -102,7 +102,10 @@ class Experiment:
     (key, value) every point is compared with in ``paired.md``: one, or one per swept key for blocks that sweep
     different keys (a point takes the first whose key it has); none: no paired tables. ``round_metrics``: metrics of
     the per-round records (pFedDPO's kappa^2 at its diagnosed rounds) that ``rounds.md`` gives at every round the runs
-    logged them, mean +- std over seeds."""
+    logged them, mean +- std over seeds. ``tuned_as``: another experiment whose tuning choices this one's points take
+    (an ablation run at the compared methods' chosen steps rather than tuned again at every setting): a point takes
+    the choice of that experiment's point whose grid values its own resolved config already has (pFedDPO on the
+    random split for each LoRA rank), none where no point agrees (the config's own values)."""
 
     name: str
     description: str
@@ -117,8 +120,11 @@ class Experiment:
     reference: tuple[tuple[str, str], ...] = ()
     claims: tuple[Claim, ...] = ()
     round_metrics: tuple[str, ...] = ()
+    tuned_as: str = ""
 
     def __post_init__(self) -> None:
+        if self.tuned_as and self.tuning is not None:
+            raise ValueError(f"{self.name}: an experiment has a tuning stage or takes another's choices, not both.")
         on = None if self.tuning is None else self.tuning.on
         if on is not None and on not in {b.name for b in self.blocks}:
             raise ValueError(f"{self.name}: its tuning stage is on block {on!r}, which is not a block of it.")

@@ -133,6 +133,45 @@ def unit_key(block: str, point: Point) -> str:
     return f"{block}/{slug(point)}"
 
 
+def borrowed(
+    exp: Experiment, registry: Mapping[str, Experiment], *, out: Path, quick: bool
+) -> list[tuple[Point, dict[str, str]]]:
+    """The choices an experiment takes from another's tuning stage (``Experiment.tuned_as``): each chosen point of
+    that experiment with its choice."""
+    source = registry.get(exp.tuned_as)
+    if source is None or source.tuning is None:
+        raise ValueError(
+            f"{exp.name} takes the tuning choices of {exp.tuned_as!r}, which is not an experiment with a "
+            "tuning stage; name one in tuned_as."
+        )
+    choices = load_choices(source.name, out=out, quick=quick)
+    return [
+        (point, choices[unit_key(b.name, point)])
+        for b in source.blocks
+        for point in b.points()
+        if unit_key(b.name, point) in choices
+    ]
+
+
+def agreeing(
+    label: str, config: str, sets: list[str], candidates: list[tuple[Point, dict[str, str]]]
+) -> dict[str, str]:
+    """The choice of the candidate point whose grid values ``config`` resolved with ``sets`` already has (setting
+    them changes nothing), else none."""
+
+    def resolved(extra: list[str]) -> dict[str, Any]:
+        return resolve(label, config, [*sets, *extra])[1].model_dump(exclude={"name", "out_dir"})
+
+    own = resolved([])
+    found = [choice for point, choice in candidates if resolved([f"{k}={v}" for k, v in point]) == own]
+    if any(f != found[0] for f in found):
+        raise ValueError(
+            f"{label}: tuned points of its tuned_as experiment with different choices agree with it; make them "
+            "differ in a key the run sets."
+        )
+    return found[0] if found else {}
+
+
 def _once(values: Sequence[object], what: str, noun: str) -> None:
     """Refuse a repeated seed or grid value: it would count twice in the mean and shrink the std over seeds."""
     twice = [v for i, v in enumerate(values) if v in values[:i]]
@@ -169,6 +208,7 @@ def plan(
             )
         tuned = load_choices(name, out=out, quick=quick) if exp.tuning is not None else {}
         on = None if exp.tuning is None else exp.tuning.on  # the block whose choices serve the others
+        candidates = borrowed(exp, registry, out=out, quick=quick) if exp.tuned_as else []
         run_seeds = seeds or (exp.seeds[:1] if quick else exp.seeds)
         _once(run_seeds, f"{name}: the seeds", "seed")
         known = {f"{b.name}/{slug(p)}" for b in exp.blocks for p in b.points()}
@@ -186,14 +226,13 @@ def plan(
                     own = tuned.get(unit_key(block.name, point))
                     fallback = tuned.get(unit_key(on, point), {}) if on is not None else {}
                     chosen = (own if own is not None else fallback) if block.needs is None else {}
-                    sets = [
-                        *fixed,
-                        *(exp.quick if quick else ()),
-                        *(f"{k}={v}" for k, v in chosen.items()),
-                        *(f"{k}={v}" for k, v in point),
-                        f"seed={seed}",
-                    ]
-                    config, cfg = resolve(f"{name}/{block.name}/{slug(point)} seed {seed}", block.config, sets)
+                    label = f"{name}/{block.name}/{slug(point)} seed {seed}"
+                    base = [*fixed, *(exp.quick if quick else ())]
+                    mine = [*(f"{k}={v}" for k, v in point), f"seed={seed}"]
+                    if candidates:  # Experiment.tuned_as: the choice of the other experiment's agreeing point
+                        chosen = agreeing(label, block.config, [*base, *mine], candidates)
+                    sets = [*base, *(f"{k}={v}" for k, v in chosen.items()), *mine]
+                    config, cfg = resolve(label, block.config, sets)
                     run_dir = point_dir(out / name / block.name, point, seed)
                     if any(r.out == run_dir for r in runs):  # a block named twice (``all`` and NAME) runs once
                         continue
@@ -228,6 +267,8 @@ def listing(registry: Mapping[str, Experiment] = EXPERIMENTS) -> str:
                 for p in b.points()
             )
             tuning = f" + {tuned * len(exp.tuning.seeds)} to tune"
+        elif exp.tuned_as:
+            tuning = f" (at {exp.tuned_as}'s tuned steps)"
         lines.append(
             f"{exp.name:24s} {points * len(exp.seeds):4d} runs ({points:3d} with --quick){tuning}  {exp.description}"
             + (f" (not in 'all': {exp.outside_all})" if exp.outside_all else "")

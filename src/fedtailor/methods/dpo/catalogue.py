@@ -83,6 +83,7 @@ register_experiment(
         seeds=SEEDS,
         x_axis="lora_rank",
         log_x=True,
+        tuned_as="pfeddpo-hh",  # at pFedDPO's step chosen on the random split (its rank 8), not tuned at each rank
     ),
     Experiment(
         "pfeddpo-participation",
@@ -101,6 +102,7 @@ register_experiment(
         seeds=SEEDS,
         x_axis="clients_per_round",
         reference=(("method.name", "pfeddpo"),),  # FedDPO against pFedDPO at each S
+        tuned_as="pfeddpo-hh",  # each method at its step chosen on the random split (S = 5), not tuned at each S
     ),
     Experiment(
         "pfeddpo-private",
