@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,11 +81,25 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     if unexpected or [m for m in missing if "lm_head" not in m]:  # a tied head is rebuilt from the embedding
         raise ValueError(f"GGUF conversion of {gguf} lost tensors: missing {missing[:3]}, unexpected {unexpected[:3]}.")
     plain.tie_weights()
-    tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # each process writes its own folder and renames it into place: a half-written cache is never mistaken for a
+    # whole one, and of two processes converting at once (parallel runs on a fresh machine) the second keeps the
+    # first's complete folder
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # a half-written cache is never mistaken for a whole one
+    return publish(tmp, out)
+
+
+def publish(tmp: Path, out: Path) -> Path:
+    """Rename the complete folder ``tmp`` to ``out``; where another process got there first (``out`` holds a
+    ``config.json``), keep its folder and drop ``tmp``."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)
     return out
 
 

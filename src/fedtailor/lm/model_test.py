@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from fedtailor.lm.model import add_lora, load_causal_lm, smollm2_gguf, tiny_llama
+from fedtailor.lm.model import add_lora, load_causal_lm, publish, smollm2_gguf, tiny_llama
 
 
 def test_lora_adapts_only_the_attention_projections_and_starts_as_the_base():
@@ -46,6 +46,22 @@ def test_the_adapter_initialisation_comes_from_its_seed_alone():
     state = torch.get_rng_state()
     add_lora(tiny_llama(seed=1), rank=4, seed=5)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_of_two_conversions_at_once_the_second_keeps_the_first_complete_cache(tmp_path):
+    out = tmp_path / "model"
+    for name, text in (("a", "first"), ("b", "second")):  # two processes, each with its own complete folder
+        tmp = tmp_path / f"model.partial-{name}"
+        tmp.mkdir()
+        (tmp / "config.json").write_text(text)
+        assert publish(tmp, out) == out
+    assert (out / "config.json").read_text() == "first" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    lone = tmp_path / "other.partial"
+    lone.mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "stray").write_text("")  # a folder in the way that is not a cache: the error stands
+    with pytest.raises(OSError):
+        publish(lone, tmp_path / "other")
 
 
 @pytest.mark.slow
