@@ -669,3 +669,64 @@ def test_blocks_that_sweep_different_keys_each_pair_with_their_own_reference():
     assert _reference_of("xi", ((xi, "0.0"),), points, refs) is None  # the references themselves
     assert _reference_of("k", ((k, "0"),), points, refs) is None
     assert _reference_of("k", ((k, "2"),), points, refs[:1]) is None  # no xi in the top_k block: no pair
+
+
+def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run_directories(
+    tmp_path, tiny, monkeypatch
+):
+    """``--records``: a machine runs seed 1 and leaves only the records file; a fresh one restores those runs as
+    finished and runs seed 2 alone; a third rebuilds the same tables from the records without running anything. A
+    restored run counts only for its own config, an unfinished run directory keeps its checkpoint, and a records
+    file whose path climbs out of the output folder is refused before anything is written."""
+    import gzip
+
+    from fedtailor.fl import experiments as registry
+    from fedtailor.reproduce.records import read_records, records_path, restore
+
+    exp = rp.Experiment("carried", "two steps", (rp.Block("lr", tiny[0], (("method.lr", ("0.05", "0.2")),)),))
+    exp = replace(exp, quick=("federation.rounds=2",), seeds=(1, 2), reference=(("method.lr", "0.05"),))
+    monkeypatch.setitem(registry._EXPERIMENTS, "carried", ("tests", exp))
+    records = tmp_path / "records"
+    path = records_path(records, "carried")
+
+    def machine(name: str, seeds: list[int]) -> tuple[Path, list[str]]:
+        lines: list[str] = []
+        out = tmp_path / name
+        outcome = rp.reproduce(["carried"], out=out, seeds=seeds, quick=True, records=records, progress=lines.append)
+        assert outcome.failed == []
+        return out, lines
+
+    first, _ = machine("first", [1])
+    assert sorted(read_records(path)) == [f"carried/lr/lr={lr}/seed1" for lr in ("0.05", "0.2")]
+    second, lines = machine("second", [1, 2])
+    assert lines[0] == f"reproduce: 2 finished run(s) of carried restored from {path}"
+    assert lines[1] == "reproduce: 2 done, 0 running, 2 waiting"  # seed 1 is not run again
+    assert json.loads((second / "carried/lr/lr=0.2/seed1/results.json").read_text()) == json.loads(
+        (first / "carried/lr/lr=0.2/seed1/results.json").read_text()
+    )
+    third, lines = machine("third", [1, 2])
+    assert lines[1] == "reproduce: 4 done, 0 running, 0 waiting"
+    for table in ("table.csv", "paired.csv"):
+        assert (third / "carried" / table).read_text() == (second / "carried" / table).read_text()
+    saved = path.read_bytes()
+    assert len(read_records(path)) == 4
+    # a restored run is finished for its own config only: the full scale (4 rounds) is not done
+    assert not any(r.done for r in rp.plan(["carried"], out=third, seeds=[1], quick=False))
+    # an unfinished run directory is left as it is
+    begun = tmp_path / "fourth" / "carried/lr/lr=0.05/seed1"
+    begun.mkdir(parents=True)
+    (begun / "checkpoint.pt").write_bytes(b"begun")
+    assert restore(path, tmp_path / "fourth") == 3 and sorted(p.name for p in begun.iterdir()) == ["checkpoint.pt"]
+    # hostile or damaged files: one line naming the file and line, nothing written
+    lines_in = gzip.decompress(saved).decode().splitlines()
+    for bad, why in (
+        (json.dumps({**json.loads(lines_in[0]), "run": "../escape/seed1"}), "path"),
+        (json.dumps({**json.loads(lines_in[0]), "results": []}), "results"),
+    ):
+        path.write_bytes(gzip.compress(("\n".join([lines_in[1], bad]) + "\n").encode()))
+        with pytest.raises(ValueError, match=rf"runs.jsonl.gz, line 2: not a run record \(its {why} is wrong\)"):
+            restore(path, tmp_path / "fifth")
+        assert not (tmp_path / "fifth").exists() and not (tmp_path / "escape").exists()
+    path.write_bytes(saved[:-20])
+    with pytest.raises(ValueError, match="not a gzip file of run records"):
+        restore(path, tmp_path / "fifth")

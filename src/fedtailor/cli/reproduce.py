@@ -1,4 +1,5 @@
-"""``fedtailor reproduce NAME [...] [--tune] [--quick] [--seeds 41-43] [--jobs N] [--out DIR]`` and ``--list``."""
+"""``fedtailor reproduce NAME [...] [--tune] [--quick] [--seeds 41-43] [--jobs N] [--out DIR] [--records DIR]``
+and ``--list``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         quick=args.quick,
         jobs=args.jobs,
         tune=args.tune,
+        records=args.records,
         progress=lambda line: print(line, file=sys.stderr),
     )
     print(f"report: {outcome.report}")
@@ -61,4 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="processes at once (>= 1), cores // N threads each (at most the cores)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/reproduce"), help="output folder")
+    p.add_argument(
+        "--records",
+        type=Path,
+        help="a folder of run records (RECORDS/NAME/runs.jsonl.gz, e.g. docs/results): restored as finished runs "
+        "first, rewritten as runs finish",
+    )
     p.set_defaults(func=_reproduce)

@@ -15,7 +15,8 @@ alpha 0.5 is Table 1 at eps 16). ``--jobs N`` runs N processes of ``cores // N``
 Three steps, one module each: :mod:`.plan` (the runs, validated before any starts), :mod:`.execute` (the
 processes) and :mod:`.report` (tables, plots, ``report.html``); :func:`reproduce` chains them. ``--tune`` first
 runs an experiment's tuning stage (:mod:`.tune`: each point's own step size, chosen on a validation split) and
-then the experiment with those choices.
+then the experiment with those choices. ``--records DIR`` (:mod:`.records`) carries the finished runs between
+machines as small committed files: restored before planning, rewritten as runs finish.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from fedtailor.fl.experiments import EXPERIMENTS, Block, Claim, Experiment, Tuning
 from fedtailor.reproduce.execute import execute
-from fedtailor.reproduce.plan import Run, listing, load_choices, plan
+from fedtailor.reproduce.plan import Run, everything, listing, load_choices, plan
+from fedtailor.reproduce.records import records_path, restore, save
 from fedtailor.reproduce.report import html_report, tables
 from fedtailor.reproduce.tune import choose, plan_tuning
 
@@ -70,18 +72,32 @@ def reproduce(
     quick: bool = False,
     jobs: int = 1,
     tune: bool = False,
+    records: Path | None = None,
     progress: Callable[[str], None] = log.info,
 ) -> Outcome:
     """Plan the named experiments, run what is not finished, and write their tables, plots and ``report.html``.
     ``tune``: first run the tuning stages and write their choices, which the runs then use (a failed tuning run
-    scores nothing; its point is chosen from the others)."""
+    scores nothing; its point is chosen from the others). ``records``: a folder of run records
+    (:mod:`.records`): those of the named experiments are restored as finished runs first, and each experiment's
+    file is rewritten whenever one of its runs finishes."""
     failed: list[Run] = []
+    on_finish = None
+    if records is not None:
+        for name in sorted(
+            {s.partition("/")[0] for n in names for s in (everything(EXPERIMENTS) if n == "all" else [n])}
+        ):
+            if (path := records_path(records, name)).exists():
+                progress(f"reproduce: {restore(path, out)} finished run(s) of {name} restored from {path}")
+
+        def on_finish(run: Run) -> None:
+            save(records_path(records, run.experiment), out, run.experiment)
+
     if tune:
         tuning = plan_tuning(names, out=out, quick=quick)
-        failed += execute(tuning, jobs=jobs, progress=progress)
+        failed += execute(tuning, jobs=jobs, progress=progress, on_finish=on_finish)
         for path in choose(tuning, out=out, quick=quick):
             progress(f"reproduce: tuning choices in {path}")
     runs = plan(names, out=out, seeds=seeds, quick=quick)
-    failed += execute(runs, jobs=jobs, progress=progress)
+    failed += execute(runs, jobs=jobs, progress=progress, on_finish=on_finish)
     folders = tables(runs, out=out)
     return Outcome(runs=runs, failed=failed, report=html_report(folders, out=out))

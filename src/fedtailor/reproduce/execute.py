@@ -48,10 +48,12 @@ def execute(
     jobs: int = 1,
     progress: Callable[[str], None] = log.info,
     command: Callable[[Run], list[str]] | None = None,
+    on_finish: Callable[[Run], None] | None = None,
 ) -> list[Run]:
     """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
     line after each start and finish: done / running / left and an estimate of the time left. ``command``: the
-    process of a run (default: ``fedtailor run`` with the run's overrides). Returns the runs that failed."""
+    process of a run (default: ``fedtailor run`` with the run's overrides); ``on_finish``: called with each run
+    that finishes here (saving its record). Returns the runs that failed."""
     cores = usable_cores()
     jobs = max(1, min(jobs, cores))
     todo = [r for r in runs if not r.done]
@@ -104,6 +106,8 @@ def execute(
             if proc.returncode == 0:
                 done += 1
                 durations.append(time.time() - started)
+                if on_finish is not None:
+                    on_finish(run)
             else:
                 failed.append(run)
                 progress(f"reproduce: {run.label} failed (exit {proc.returncode}); see {_log_path(run)}")
