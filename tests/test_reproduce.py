@@ -704,6 +704,10 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     assert json.loads((second / "carried/lr/lr=0.2/seed1/results.json").read_text()) == json.loads(
         (first / "carried/lr/lr=0.2/seed1/results.json").read_text()
     )
+    for name in ("clients.csv", "metrics.jsonl"):  # what `fedtailor report` reads of a run, as the run wrote it
+        assert (second / "carried/lr/lr=0.2/seed1" / name).read_text() == (
+            first / "carried/lr/lr=0.2/seed1" / name
+        ).read_text()
     third, lines = machine("third", [1, 2])
     assert lines[1] == "reproduce: 4 done, 0 running, 0 waiting"
     for table in ("table.csv", "paired.csv"):
@@ -722,6 +726,7 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     for bad, why in (
         (json.dumps({**json.loads(lines_in[0]), "run": "../escape/seed1"}), "path"),
         (json.dumps({**json.loads(lines_in[0]), "results": []}), "results"),
+        (json.dumps({**json.loads(lines_in[0]), "results": {"seed": 1}}), "results"),
     ):
         path.write_bytes(gzip.compress(("\n".join([lines_in[1], bad]) + "\n").encode()))
         with pytest.raises(ValueError, match=rf"runs.jsonl.gz, line 2: not a run record \(its {why} is wrong\)"):

@@ -24,7 +24,18 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from fedtailor.rundir import CONFIG, METRICS, RESULTS, completed, read_config, read_metrics, read_results, write_json
+from fedtailor.rundir import (
+    CONFIG,
+    METRICS,
+    REQUIRED,
+    RESULTS,
+    completed,
+    read_config,
+    read_metrics,
+    read_results,
+    write_json,
+    write_results,
+)
 
 RECORDS = "runs.jsonl.gz"
 _FIELDS = {"run": str, "config": dict, "results": dict, "metrics": list}
@@ -60,6 +71,8 @@ def read_records(path: Path) -> dict[str, dict[str, Any]]:
         except ValueError:
             raise ValueError(f"{path}, line {i}: not JSON; restore the file from git.") from None
         bad = [k for k, kind in _FIELDS.items() if not isinstance(record, dict) or not isinstance(record.get(k), kind)]
+        if not bad and any(k not in record["results"] for k in REQUIRED):
+            bad = ["results"]
         run = PurePosixPath(record["run"]) if not bad else None
         if bad or run is None or run.is_absolute() or ".." in run.parts or not run.parts:
             raise ValueError(
@@ -83,7 +96,7 @@ def restore(path: Path, out: Path) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / CONFIG, record["config"])
         (folder / METRICS).write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in record["metrics"]))
-        write_json(folder / RESULTS, record["results"])  # last: a folder is finished only once it has results
+        write_results(folder, record["results"])  # last: a folder is finished once it has results (and clients.csv)
         written += 1
     return written
 
@@ -91,7 +104,8 @@ def restore(path: Path, out: Path) -> int:
 def save(path: Path, out: Path, name: str) -> int:
     """Rewrite ``path`` with the records it holds and every finished run of ``name`` under ``out`` (a run
     directory replaces its own earlier record); returns how many records it holds. The bytes depend on the
-    records alone (sorted, no time stamp), so an unchanged set of runs leaves the file unchanged."""
+    records alone (in run order, keys as the run wrote them, no time stamp), so an unchanged set of runs leaves the
+    file unchanged."""
     records = read_records(path) if Path(path).exists() else {}
     for folder in finished_runs(out, name):
         run = folder.relative_to(out).as_posix()
@@ -101,7 +115,7 @@ def save(path: Path, out: Path, name: str) -> int:
             "results": read_results(folder),
             "metrics": read_metrics(folder),
         }
-    text = "".join(json.dumps(records[k], sort_keys=True, allow_nan=False) + "\n" for k in sorted(records))
+    text = "".join(json.dumps(records[k], allow_nan=False) + "\n" for k in sorted(records))
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as fh:
         fh.write(text.encode())
