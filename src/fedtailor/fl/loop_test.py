@@ -184,6 +184,27 @@ def test_validation_helpers_name_the_problem():
         m.value("n", int)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_an_array_with_a_non_finite_or_huge_value_anywhere_is_refused(dtype):
+    from fedtailor.fl.records import MAX_MAGNITUDE
+
+    for at in (0, 4, -1):
+        for bad, why in ((math.nan, "NaN or infinite"), (math.inf, "NaN or infinite"), (-math.inf, "NaN or infinite")):
+            t = torch.linspace(-1, 1, 9, dtype=dtype)
+            t[at] = bad
+            with pytest.raises(InvalidMessage, match=why):
+                Message(arrays={"x": t}).array("x")
+        for huge in (2 * MAX_MAGNITUDE, -2 * MAX_MAGNITUDE):
+            t = torch.zeros(9, dtype=torch.float64)
+            t[at] = huge
+            with pytest.raises(InvalidMessage, match="beyond"):
+                Message(arrays={"x": t}).array("x")
+    edge = torch.tensor([-MAX_MAGNITUDE, 0.0, MAX_MAGNITUDE], dtype=torch.float64)
+    for ok in (edge, torch.zeros(0, dtype=dtype)):  # the bounds themselves, and an empty array, are accepted
+        assert Message(arrays={"x": ok}).array("x") is ok
+    Message(arrays={"x": torch.tensor([math.nan])}).array("x", finite=False)  # unchecked where asked
+
+
 def test_summary_averages_within_a_client_first():
     clients = {0: ClientData(0, True), 1: ClientData(1, True), 2: ClientData(2, False)}
     evaluation = {

@@ -114,10 +114,12 @@ class Message:
             raise InvalidMessage(f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}.")
         if dtype is not None and t.dtype != dtype:
             raise InvalidMessage(f"array {name!r} has dtype {t.dtype}, expected {dtype}.")
-        if finite and t.is_floating_point():
-            if not bool(torch.isfinite(t).all()):
+        if finite and t.is_floating_point() and t.numel():
+            # one pass, no copy: NaN propagates to both extremes, an infinity is one of them
+            low, high = (float(v) for v in torch.aminmax(t))
+            if not (math.isfinite(low) and math.isfinite(high)):
                 raise InvalidMessage(f"array {name!r} contains NaN or infinite values.")
-            if t.numel() and float(t.abs().max()) > MAX_MAGNITUDE:
+            if max(-low, high) > MAX_MAGNITUDE:
                 raise InvalidMessage(f"array {name!r} holds values beyond {MAX_MAGNITUDE:.3g} in magnitude.")
         return t
 

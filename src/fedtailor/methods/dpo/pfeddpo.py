@@ -625,7 +625,7 @@ def _null():
 
 
 def _norm(grads: list[torch.Tensor | None]) -> float:
-    return math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads if g is not None))
+    return math.sqrt(sum(_sq(g.detach()) for g in grads if g is not None))
 
 
 def _sq(g: torch.Tensor) -> float:
