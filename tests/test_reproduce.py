@@ -735,3 +735,30 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     path.write_bytes(saved[:-20])
     with pytest.raises(ValueError, match="not a gzip file of run records"):
         restore(path, tmp_path / "fifth")
+
+
+COMMITTED_RECORDS = sorted((Path(__file__).parents[1] / "docs" / "results").glob("*/runs.jsonl.gz"))
+
+
+@pytest.mark.parametrize("path", COMMITTED_RECORDS, ids=lambda p: p.parent.name)
+def test_every_committed_record_is_a_finished_run_its_experiment_plans_now(tmp_path, path):
+    """A committed record (``docs/results/NAME/runs.jsonl.gz``) restores to the run directory of a run that
+    ``fedtailor reproduce NAME --tune`` plans today, with that run's resolved config: no record is stale (a grid,
+    a default or a tuned choice changed since it ran) or of another experiment."""
+    from fedtailor.reproduce.records import read_records, restore
+
+    name = path.parent.name
+    records = read_records(path)
+    assert restore(path, tmp_path) == len(records) > 0
+    planned = {
+        r.out: r
+        for r in [
+            *rp.plan_tuning([name], out=tmp_path, quick=False),
+            *rp.plan([name], out=tmp_path, seeds=None, quick=False),
+        ]
+    }
+    for run in records:
+        assert run.startswith(f"{name}/"), f"{path}: {run} is not a run of {name}"
+        match = planned.get(tmp_path / run)
+        assert match is not None, f"{path}: {run} is not a run {name} plans"
+        assert match.done, f"{path}: {run} ran another config than {name} plans now; rerun it"
