@@ -363,6 +363,8 @@ _INTERRUPT_WHILE_IMPORTING = """
 import importlib.abc, os, signal, sys, time
 
 MODULE = sys.argv[1]
+# a terminal's Ctrl-C: a test run started as a background job inherits SIGINT ignored, and Python then keeps it so
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Interrupt(importlib.abc.MetaPathFinder):
