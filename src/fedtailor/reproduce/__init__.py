@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fedtailor.fl.experiments import EXPERIMENTS, Block, Claim, Experiment, Tuning
 from fedtailor.reproduce.execute import execute
-from fedtailor.reproduce.plan import Run, everything, listing, load_choices, plan
+from fedtailor.reproduce.plan import Run, listing, load_choices, plan, specs
 from fedtailor.reproduce.records import records_path, restore, save
 from fedtailor.reproduce.report import html_report, tables
 from fedtailor.reproduce.tune import choose, plan_tuning
@@ -83,9 +83,7 @@ def reproduce(
     failed: list[Run] = []
     on_finish = None
     if records is not None:
-        for name in sorted(
-            {s.partition("/")[0] for n in names for s in (everything(EXPERIMENTS) if n == "all" else [n])}
-        ):
+        for name in sorted({spec.partition("/")[0] for spec in specs(names, EXPERIMENTS)}):
             if (path := records_path(records, name)).exists():
                 progress(f"reproduce: {restore(path, out)} finished run(s) of {name} restored from {path}")
 

@@ -128,6 +128,11 @@ def everything(registry: Mapping[str, Experiment]) -> list[str]:
     return [name for name, exp in registry.items() if not exp.outside_all]
 
 
+def specs(names: Sequence[str], registry: Mapping[str, Experiment]) -> list[str]:
+    """The experiment specs (``NAME`` or ``NAME/BLOCK[,BLOCK]``) that ``names`` stand for, ``all`` expanded."""
+    return [spec for name in names for spec in (everything(registry) if name == "all" else [name])]
+
+
 def unit_key(block: str, point: Point) -> str:
     """A point's name in tuning choices: ``block/<point slug>``."""
     return f"{block}/{slug(point)}"
@@ -195,7 +200,7 @@ def plan(
         _once(seeds, "--seeds", "seed")
     runs: list[Run] = []
     first: dict[str, Path] = {}  # resolved config (less name and out_dir) -> the run directory planned for it
-    for spec in [n for name in names for n in (everything(registry) if name == "all" else [name])]:
+    for spec in specs(names, registry):
         name, _, only = spec.partition("/")
         if name not in registry:
             raise ValueError(f"unknown experiment {name!r}; `fedtailor reproduce --list` shows them.")

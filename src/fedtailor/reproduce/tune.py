@@ -24,8 +24,8 @@ from fedtailor.reproduce.plan import (
     CHOICES,
     Run,
     choices_record,
-    everything,
     resolve,
+    specs,
     tuned_keys,
     tuning_dir,
     unit_key,
@@ -42,7 +42,7 @@ def plan_tuning(
     config validated now."""
 
     runs: list[Run] = []
-    for spec in [n for name in names for n in (everything(registry) if name == "all" else [name])]:
+    for spec in specs(names, registry):
         name, _, only = spec.partition("/")
         exp = registry[name]
         if exp.tuning is None:
