@@ -18,7 +18,6 @@ the file and line named; nothing is written then.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 from pathlib import Path, PurePosixPath
@@ -26,14 +25,13 @@ from typing import Any
 
 from fedtailor.rundir import (
     CONFIG,
-    METRICS,
     REQUIRED,
-    RESULTS,
     completed,
     read_config,
     read_metrics,
     read_results,
     write_json,
+    write_metrics,
     write_results,
 )
 
@@ -52,7 +50,7 @@ def finished_runs(out: Path, name: str) -> list[Path]:
     found = []
     for folder, dirs, _files in os.walk(Path(out) / name):
         dirs[:] = sorted(d for d in dirs if not (Path(folder) / d).is_symlink())
-        if (Path(folder) / RESULTS).exists() and completed(folder):
+        if completed(folder):
             found.append(Path(folder))
     return sorted(found)
 
@@ -73,8 +71,8 @@ def read_records(path: Path) -> dict[str, dict[str, Any]]:
         bad = [k for k, kind in _FIELDS.items() if not isinstance(record, dict) or not isinstance(record.get(k), kind)]
         if not bad and any(k not in record["results"] for k in REQUIRED):
             bad = ["results"]
-        run = PurePosixPath(record["run"]) if not bad else None
-        if bad or run is None or run.is_absolute() or ".." in run.parts or not run.parts:
+        run = PurePosixPath(record["run"] if not bad else "")
+        if bad or run.is_absolute() or ".." in run.parts or not run.parts:
             raise ValueError(
                 f"{path}, line {i}: not a run record (its {', '.join(bad) or 'path'} is wrong); restore the file "
                 "from git."
@@ -95,7 +93,7 @@ def restore(path: Path, out: Path) -> int:
             continue
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / CONFIG, record["config"])
-        (folder / METRICS).write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in record["metrics"]))
+        write_metrics(folder, record["metrics"])
         write_results(folder, record["results"])  # last: a folder is finished once it has results (and clients.csv)
         written += 1
     return written
@@ -116,11 +114,8 @@ def save(path: Path, out: Path, name: str) -> int:
             "metrics": read_metrics(folder),
         }
     text = "".join(json.dumps(records[k], allow_nan=False) + "\n" for k in sorted(records))
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as fh:
-        fh.write(text.encode())
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(path).with_suffix(".tmp")
-    tmp.write_bytes(buffer.getvalue())
+    tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
     os.replace(tmp, path)
     return len(records)
