@@ -681,7 +681,7 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     import gzip
 
     from fedtailor.fl import experiments as registry
-    from fedtailor.reproduce.records import read_records, records_path, restore
+    from fedtailor.reproduce.records import read_records, records_path, restore, save
 
     exp = rp.Experiment("carried", "two steps", (rp.Block("lr", tiny[0], (("method.lr", ("0.05", "0.2")),)),))
     exp = replace(exp, quick=("federation.rounds=2",), seeds=(1, 2), reference=(("method.lr", "0.05"),))
@@ -714,6 +714,7 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
         assert (third / "carried" / table).read_text() == (second / "carried" / table).read_text()
     saved = path.read_bytes()
     assert len(read_records(path)) == 4
+    assert save(path, third, "carried") == 4 and path.read_bytes() == saved  # the same runs, the same bytes
     # a restored run is finished for its own config only: the full scale (4 rounds) is not done
     assert not any(r.done for r in rp.plan(["carried"], out=third, seeds=[1], quick=False))
     # an unfinished run directory is left as it is

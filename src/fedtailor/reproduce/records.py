@@ -116,6 +116,8 @@ def save(path: Path, out: Path, name: str) -> int:
     text = "".join(json.dumps(records[k], allow_nan=False) + "\n" for k in sorted(records))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(path).with_suffix(".tmp")
-    tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
+    # a header without file name, time or OS: the same records give the same bytes on any machine
+    with tmp.open("wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
+        fh.write(text.encode())
     os.replace(tmp, path)
     return len(records)
