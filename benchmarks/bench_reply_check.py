@@ -1,10 +1,11 @@
 """The server's per-reply work on a SmolLM2-135M base (134,515,008 float32 numbers, what every pFedDPO and FedDPO
-client uploads each round), against the two-pass forms it replaced, in one run:
+client uploads each round), against the forms it replaced, in one run:
 
 * the value check of :meth:`fedtailor.fl.records.Message.array` (finite, below ``MAX_MAGNITUDE``: one
   ``torch.aminmax`` pass) against ``isfinite(t).all()`` then ``abs().max()`` (a boolean and a float copy);
-* the base-gradient norm a pFedDPO client reports after each step (float64 accumulation through
-  ``vector_norm(dtype=)``) against ``t.double().pow(2).sum()`` (two float64 copies).
+* the base-gradient norm a pFedDPO client reports after each step (float32 norms of rows of 1024 entries,
+  combined in float64) against ``t.double().pow(2).sum()`` (two float64 copies) and against one float64 pass
+  (``vector_norm(dtype=torch.float64)``, what it used before).
 
     python benchmarks/bench_reply_check.py [--threads 1] [--repeat 5]
 """
@@ -41,14 +42,19 @@ def main() -> None:
     base = torch.randn(SMOLLM2_BASE, generator=torch.Generator().manual_seed(0))
     reply = Message(arrays={"base": base})
     copies = math.sqrt(float(base.double().pow(2).sum()))
-    assert abs(_norm([base]) - copies) <= 1e-9 * copies  # the same number
+    assert abs(_norm([base]) - copies) <= 1e-7 * copies  # the same number, to float32 rounding
     rows = []
     for what, before, after in (
         ("reply value check", lambda: two_pass_check(base), lambda: reply.array("base")),
         ("reported gradient norm", lambda: math.sqrt(float(base.double().pow(2).sum())), lambda: _norm([base])),
+        (
+            "reported gradient norm, against one float64 pass",
+            lambda: float(torch.linalg.vector_norm(base, dtype=torch.float64)),
+            lambda: _norm([base]),
+        ),
     ):
         old, new = time_call(before, repeat=args.repeat), time_call(after, repeat=args.repeat)
-        rows.append({"on 134.5M float32": what, "two passes (s)": old, "fedtailor (s)": new, "speed-up": old / new})
+        rows.append({"on 134.5M float32": what, "before (s)": old, "fedtailor (s)": new, "speed-up": old / new})
     report(f"Per-reply work on a SmolLM2-135M base, {args.threads} threads", rows)
 
 

@@ -628,9 +628,18 @@ def _norm(grads: list[torch.Tensor | None]) -> float:
     return math.sqrt(sum(_sq(g.detach()) for g in grads if g is not None))
 
 
+ROW = 1024  # entries per float32 partial sum of _sq
+
+
 def _sq(g: torch.Tensor) -> float:
-    """||g||^2 accumulated in float64 (float32 vectors of 10^8 entries)."""
-    return float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
+    """||g||^2 to float32 rounding (about 1e-7 relative) at the speed of one float32 pass: float32 norms of rows of
+    ``ROW`` entries, combined in float64. (One float32 norm of a 28M-entry embedding gradient is off by up to 1% on
+    CPU, where the sum runs in a few long lanes; a float64 norm is as accurate as this but 12x slower.)"""
+    flat = g.detach().reshape(-1)
+    cut = flat.numel() - flat.numel() % ROW
+    dtype = torch.promote_types(flat.dtype, torch.float32)
+    rows = torch.linalg.vector_norm(flat[:cut].view(-1, ROW), dim=1, dtype=dtype)
+    return float(rows.double().square().sum() + flat[cut:].double().square().sum())
 
 
 def _moments(opt: torch.optim.Optimizer, params: Params, names: tuple[str, ...]) -> dict[str, dict[str, torch.Tensor]]:

@@ -375,3 +375,17 @@ def test_centralized_dpo_refuses_record_dp_with_one_line():
     setup = SimpleNamespace(cfg=cfg, model=tiny_llama(seed=3), clients=_clients(), schedule=np.zeros((1, 3), int))
     with pytest.raises(ValueError, match="no client release to protect"):
         build_dpo_method(setup)
+
+
+@pytest.mark.parametrize("n", [28_311_552, 1_000_003, 7])  # SmolLM2's embedding, a remainder after the rows, no row
+def test_squared_norm_is_accurate_where_one_float32_sum_is_off(n):
+    from fedtailor.methods.dpo.pfeddpo import _sq
+
+    g = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 1e-3
+    g[: min(n, 1000)] *= 1e3  # a few large entries ahead of many small ones
+    exact = float(g.double().square().sum())
+    if n > 10**7:  # the case _sq exists for: a plain float32 norm of it is off by far more than _sq may be
+        assert abs(float(torch.linalg.vector_norm(g)) ** 2 / exact - 1) > 1e-3
+    assert _sq(g) == pytest.approx(exact, rel=1e-6)
+    assert _sq(g.reshape(-1, 1).expand(-1, 2).t()) == pytest.approx(2 * exact, rel=1e-6)  # not contiguous
+    assert _sq(g.to(torch.bfloat16)) == pytest.approx(float(g.to(torch.bfloat16).double().square().sum()), rel=1e-6)
