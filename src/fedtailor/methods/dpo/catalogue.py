@@ -20,7 +20,7 @@ DPO_METRICS = ("seen/train_accuracy", "seen/accuracy", "seen/loss")
 DPO_REDUCED = ("federation.rounds=10", "federation.eval_every=10", 'data.preference_split="random"')
 # every compared method's own AdamW step from a grid around the paper's 1e-4, chosen on 20% of each client's
 # training pairs held out as validation pairs (reward accuracy at the last round), at half the rounds (40: by then
-# the paper's step has fitted every training pair; six points x five steps at 80 rounds is about 17 CPU-hours more);
+# the paper's step has fitted every training pair; the full 80 rounds would add about 17 CPU-hours);
 # 1e-3 added when both federated methods chose 3e-4, the edge, on the random split, 3e-3 when pFedDPO chose 1e-3,
 # 1e-5 when FedDPO chose 3e-5 on the length split
 DPO_STEPS = ("3e-5", "1e-4", "3e-4", "1e-3", "3e-3")

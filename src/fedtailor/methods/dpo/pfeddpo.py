@@ -625,7 +625,7 @@ def _null():
 
 
 def _norm(grads: list[torch.Tensor | None]) -> float:
-    return math.sqrt(sum(_sq(g.detach()) for g in grads if g is not None))
+    return math.sqrt(sum(_sq(g) for g in grads if g is not None))
 
 
 ROW = 1024  # entries per float32 partial sum of _sq
