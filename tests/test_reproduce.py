@@ -698,6 +698,18 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
 
     first, _ = machine("first", [1])
     assert sorted(read_records(path)) == [f"carried/lr/lr={lr}/seed1" for lr in ("0.05", "0.2")]
+    # part-way: the tables of the finished seed from the records alone, nothing run, the seeds counted
+    lines = []
+    early = tmp_path / "early"
+    outcome = rp.reproduce(
+        ["carried"], out=early, seeds=[1, 2], quick=True, records=records, report_only=True, progress=lines.append
+    )
+    assert lines[1] == "reproduce: report only: 2 of 4 run(s) finished, none run" and outcome.failed == []
+    assert not (early / "carried/lr/lr=0.05/seed2").exists()
+    assert (early / "carried/table.csv").read_text() == (first / "carried/table.csv").read_text()
+    assert [r["seeds"] for r in csv.DictReader((early / "carried/table.csv").open())] == ["1", "1"]
+    with pytest.raises(ValueError, match="cannot tune"):
+        rp.reproduce(["carried"], out=early, quick=True, tune=True, report_only=True)
     second, lines = machine("second", [1, 2])
     assert lines[0] == f"reproduce: 2 finished run(s) of carried restored from {path}"
     assert lines[1] == "reproduce: 2 done, 0 running, 2 waiting"  # seed 1 is not run again

@@ -1,5 +1,5 @@
-"""``fedtailor reproduce NAME [...] [--tune] [--quick] [--seeds 41-43] [--jobs N] [--out DIR] [--records DIR]``
-and ``--list``."""
+"""``fedtailor reproduce NAME [...] [--tune | --report-only] [--quick] [--seeds 41-43] [--jobs N] [--out DIR]
+[--records DIR]`` and ``--list``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         tune=args.tune,
         records=args.records,
+        report_only=args.report_only,
         progress=lambda line: print(line, file=sys.stderr),
     )
     print(f"report: {outcome.report}")
@@ -50,10 +51,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--list", action="store_true", help="list the experiments and their sizes")
     p.add_argument("--quick", action="store_true", help="the reduced scale of each experiment")
-    p.add_argument(
+    stage = p.add_mutually_exclusive_group()
+    stage.add_argument(
         "--tune",
         action="store_true",
         help="first choose each point's step size on a validation split (the experiment's tuning stage)",
+    )
+    stage.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: the tables and report of the runs already finished (and of the restored --records)",
     )
     p.add_argument("--seeds", help="override the experiments' seeds, e.g. 41-43")
     p.add_argument(

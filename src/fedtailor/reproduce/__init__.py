@@ -16,7 +16,8 @@ Three steps, one module each: :mod:`.plan` (the runs, validated before any start
 processes) and :mod:`.report` (tables, plots, ``report.html``); :func:`reproduce` chains them. ``--tune`` first
 runs an experiment's tuning stage (:mod:`.tune`: each point's own step size, chosen on a validation split) and
 then the experiment with those choices. ``--records DIR`` (:mod:`.records`) carries the finished runs between
-machines as small committed files: restored before planning, rewritten as runs finish.
+machines as small committed files: restored before planning, rewritten as runs finish; ``--report-only`` runs
+nothing and writes the tables of what has finished (an experiment part-way through its seeds).
 """
 
 from __future__ import annotations
@@ -73,13 +74,18 @@ def reproduce(
     jobs: int = 1,
     tune: bool = False,
     records: Path | None = None,
+    report_only: bool = False,
     progress: Callable[[str], None] = log.info,
 ) -> Outcome:
     """Plan the named experiments, run what is not finished, and write their tables, plots and ``report.html``.
     ``tune``: first run the tuning stages and write their choices, which the runs then use (a failed tuning run
     scores nothing; its point is chosen from the others). ``records``: a folder of run records
     (:mod:`.records`): those of the named experiments are restored as finished runs first, and each experiment's
-    file is rewritten whenever one of its runs finishes."""
+    file is rewritten whenever one of its runs finishes. ``report_only``: run nothing (no tuning stage either); the
+    tables and the report cover the runs already finished, restored records included, and say how many seeds each
+    point has."""
+    if report_only and tune:
+        raise ValueError("report_only runs nothing, so it cannot tune; leave out one of the two.")
     failed: list[Run] = []
     on_finish = None
     if records is not None:
@@ -96,6 +102,9 @@ def reproduce(
         for path in choose(tuning, out=out, quick=quick):
             progress(f"reproduce: tuning choices in {path}")
     runs = plan(names, out=out, seeds=seeds, quick=quick)
-    failed += execute(runs, jobs=jobs, progress=progress, on_finish=on_finish)
+    if report_only:
+        progress(f"reproduce: report only: {sum(r.done for r in runs)} of {len(runs)} run(s) finished, none run")
+    else:
+        failed += execute(runs, jobs=jobs, progress=progress, on_finish=on_finish)
     folders = tables(runs, out=out)
     return Outcome(runs=runs, failed=failed, report=html_report(folders, out=out))
