@@ -22,10 +22,11 @@ DPO_REDUCED = ("federation.rounds=10", "federation.eval_every=10", 'data.prefere
 # training pairs held out as validation pairs (reward accuracy at the last round), at half the rounds (40: by then
 # the paper's step has fitted every training pair; the full 80 rounds would add about 17 CPU-hours);
 # 1e-3 added when both federated methods chose 3e-4, the edge, on the random split, 3e-3 when pFedDPO chose 1e-3,
-# 1e-5 when FedDPO chose 3e-5 on the length split, 3e-6 when it chose 1e-5 there
+# 1e-5 when FedDPO chose 3e-5 on the length split, 3e-6 when it chose 1e-5 there and 1e-6 when it chose 3e-6 (the
+# last widening: a choice at 1e-6 stays, marked as at the edge)
 DPO_STEPS = ("3e-5", "1e-4", "3e-4", "1e-3", "3e-3")
 DPO_TUNING = Tuning(
-    grid=(("method.lr", ("3e-6", "1e-5", *DPO_STEPS)),),
+    grid=(("method.lr", ("1e-6", "3e-6", "1e-5", *DPO_STEPS)),),
     sets=("data.validation=0.2", "federation.rounds=40", "federation.eval_every=0", "method.diagnostics_every=0"),
 )
 # the diagnostics the federated methods log every 10 rounds (rounds.md): kappa^2 with adapters off and on, and each
