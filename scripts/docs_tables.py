@@ -686,6 +686,28 @@ def pfeddpo_ablations(root: Path) -> str:
     return table([*header, "DPO loss, rounds 6-10 (mean)"], body)
 
 
+DPO_POINTS = (("federated", "pfeddpo"), ("federated", "feddpo"), ("central", "dpo-central"))
+
+
+def pfeddpo_tuning(root: Path) -> str:
+    """``pfeddpo-hh``'s tuning stage (``choices.json``): each method's validation reward accuracy at every step of
+    the grid on each split, the chosen step in bold, a choice at the grid's edge marked."""
+    record = read_choices(root, "pfeddpo-hh")
+    grid = record["grid"]["method.lr"]
+    body = []
+    for split in ("random", "length"):
+        for block, method in DPO_POINTS:
+            unit = f"{block}/preference_split={split}_name={method}"
+            if unit not in record["choices"]:
+                raise SourceError(f"{RESULTS_DIR}/pfeddpo-hh/choices.json: no choice for {unit}")
+            chosen = record["choices"][unit]["method.lr"]
+            scores = record["scores"][unit]
+            cells = [bold(f"{scores[f'lr={lr}']:.3f}", lr == chosen) for lr in grid]
+            edge = " (edge)" if unit in record["at_edge"] else ""
+            body.append([split, DPO_NAMES[method], *cells, chosen + edge])
+    return table(["split", "method", *(f"lr {lr}" for lr in grid), "chosen"], body)
+
+
 DPO_PRIVATE = "pfeddpo-private-reduced"
 DPO_LEVELS = {"eps8": "eps 8 (pair-level DP-SGD)", "no-noise": "without DP"}
 
@@ -969,6 +991,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "dp-utility-fedlag": dp_utility_fedlag,
     "pfeddpo-hh": pfeddpo_hh,
     "pfeddpo-ablations": pfeddpo_ablations,
+    "pfeddpo-tuning": pfeddpo_tuning,
     "pfeddpo-private": pfeddpo_private,
     "pfeddpo-private-paired": pfeddpo_private_paired,
     "bench-compact-round": bench_compact_round,

@@ -775,3 +775,25 @@ def test_every_committed_record_is_a_finished_run_its_experiment_plans_now(tmp_p
         match = planned.get(tmp_path / run)
         assert match is not None, f"{path}: {run} is not a run {name} plans"
         assert match.done, f"{path}: {run} ran another config than {name} plans now; rerun it"
+
+
+TUNED_DIR = Path(__file__).parents[1] / "configs" / "tuned"
+TUNED_FROM_RECORDS = [p for p in COMMITTED_RECORDS if (TUNED_DIR / f"{p.parent.name}.json").is_file()]
+
+
+@pytest.mark.parametrize("path", TUNED_FROM_RECORDS, ids=lambda p: p.parent.name)
+def test_committed_tuning_choices_are_what_the_committed_records_choose(tmp_path, path):
+    """``configs/tuned/NAME.json`` is what the tuning stage chooses from the committed tuning runs of NAME: every
+    tuning run is recorded, and the choices, their scores and the points at the grid's edge are the same."""
+    from fedtailor.reproduce.records import restore
+
+    name = path.parent.name
+    restore(path, tmp_path)
+    runs = rp.plan_tuning([name], out=tmp_path, quick=False)
+    missing = [str(r.out.relative_to(tmp_path)) for r in runs if not r.done]
+    assert not missing, f"{path}: tuning runs not recorded: {missing}"
+    rp.choose(runs, out=tmp_path, quick=False)
+    made = json.loads((tmp_path / name / "tuning" / "choices.json").read_text())
+    committed = json.loads((TUNED_DIR / f"{name}.json").read_text())
+    for key in ("choices", "scores", "at_edge", "grid", "seeds", "metric"):
+        assert made[key] == committed[key], f"configs/tuned/{name}.json: {key} differs from its records"
