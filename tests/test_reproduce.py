@@ -195,6 +195,31 @@ def test_a_run_that_needs_another_waits_for_it(tmp_path, registry):
     assert rp.plan(["dep/late"], out=tmp_path, seeds=[1], quick=False, registry={"dep": exp})  # early seed 1 done
 
 
+def test_runs_start_seed_by_seed_within_each_experiment(tmp_path, registry):
+    """Every point of an experiment's first seed starts before any of its second seed, and experiments keep their
+    order: a reproduction stopped part-way leaves whole comparisons over fewer seeds."""
+    cfg = registry["tiny"].blocks[0].config
+    lrs = (("method.lr", ("0.1", "0.2")),)
+
+    def exp(name: str, rounds: int) -> rp.Experiment:
+        own = f"federation.rounds={rounds}"  # a config of its own (not linked to the other experiment's runs)
+        blocks = (rp.Block("a", cfg, lrs, sets=(own,)), rp.Block("b", cfg, sets=(own, "method.lr=0.3")))
+        return rp.Experiment(name, "x", blocks, seeds=(1, 2))
+
+    exps = {"e1": exp("e1", 2), "e2": exp("e2", 3)}
+    runs = rp.plan(["e1", "e2"], out=tmp_path, seeds=None, quick=False, registry=exps)
+    assert [(r.experiment, r.seed) for r in runs][:3] == [("e1", 1), ("e1", 2), ("e1", 1)]  # planned point by point
+    started = []
+
+    def fake(run):
+        started.append((run.experiment, run.block, run.seed))
+        return [sys.executable, "-c", "raise SystemExit(1)"]
+
+    rp.execute(runs, jobs=1, progress=lambda _: None, command=fake)
+    assert [(e, s) for e, _, s in started] == [(e, s) for e in ("e1", "e2") for s in (1, 2) for _ in range(3)]
+    assert started[:3] == [("e1", "a", 1), ("e1", "a", 1), ("e1", "b", 1)]  # within a seed, the planned order
+
+
 def test_the_same_resolved_config_runs_once_and_is_linked(tmp_path, registry):
     """Two points that resolve to one config (the rank ablation's rank 8 is the participation ablation's S = 5;
     Factorized+ctx is Ours-DG) run once: the second is a link to the first, made when the first finishes, and it

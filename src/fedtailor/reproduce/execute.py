@@ -53,10 +53,14 @@ def execute(
     """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
     line after each start and finish: done / running / left and an estimate of the time left. ``command``: the
     process of a run (default: ``fedtailor run`` with the run's overrides); ``on_finish``: called with each run
-    that finishes here (saving its record). Returns the runs that failed."""
+    that finishes here (saving its record). Returns the runs that failed.
+
+    Runs start seed by seed within each experiment (every point of the first seed, then the second, ...), so a
+    reproduction stopped part-way leaves whole comparisons over fewer seeds rather than some points without any."""
     cores = usable_cores()
     jobs = max(1, min(jobs, cores))
-    todo = [r for r in runs if not r.done]
+    experiments = {name: i for i, name in enumerate(dict.fromkeys(r.experiment for r in runs))}
+    todo = sorted((r for r in runs if not r.done), key=lambda r: (experiments[r.experiment], r.seed))
     done, failed = len(runs) - len(todo), []
     for run in [r for r in todo if r.same_as is None]:
         if other := _other_config(run):  # e.g. run before a new tuning choice
