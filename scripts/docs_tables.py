@@ -652,7 +652,7 @@ def grad_norm(text: str) -> str:
 
 
 def pfeddpo_hh(root: Path) -> str:
-    rows = dpo_summary(root, "pfeddpo-hh")
+    rows = dpo_summary(root, "pfeddpo-hh-v1")
     best = max(float(r["held-out reward acc."]) for r in rows)
     body = [
         [
@@ -670,7 +670,7 @@ def pfeddpo_hh(root: Path) -> str:
 
 def pfeddpo_ablations(root: Path) -> str:
     body = []
-    for experiment, label in (("pfeddpo-rank", "rank {}"), ("pfeddpo-participation", "S = {}")):
+    for experiment, label in (("pfeddpo-rank-v1", "rank {}"), ("pfeddpo-participation-v1", "S = {}")):
         for r in dpo_summary(root, experiment):
             value = r["method"].split("=")[1]
             body.append(
@@ -989,8 +989,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fedlag-fmnist-variants": fedlag_variants("fedlag-fmnist-reduced"),
     "dp-utility": dp_utility,
     "dp-utility-fedlag": dp_utility_fedlag,
-    "pfeddpo-hh": pfeddpo_hh,
-    "pfeddpo-ablations": pfeddpo_ablations,
+    "pfeddpo-hh-v1": pfeddpo_hh,
+    "pfeddpo-ablations-v1": pfeddpo_ablations,
     "pfeddpo-tuning": pfeddpo_tuning,
     "pfeddpo-private": pfeddpo_private,
     "pfeddpo-private-paired": pfeddpo_private_paired,

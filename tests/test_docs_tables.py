@@ -87,11 +87,11 @@ def test_malformed_markers_are_errors(tmp_path: Path) -> None:
 
 def test_check_mode_names_file_and_region_and_exits_1(tmp_path: Path) -> None:
     doc = tmp_path / "doc.md"
-    doc.write_text("before\n<!-- generated: pfeddpo-hh -->\n| stale |\n<!-- end generated -->\nafter\n")
+    doc.write_text("before\n<!-- generated: pfeddpo-hh-v1 -->\n| stale |\n<!-- end generated -->\nafter\n")
     script = str(ROOT / "scripts/docs_tables.py")
     check = subprocess.run([sys.executable, script, "--check", str(doc)], capture_output=True, text=True)
     assert check.returncode == 1
-    assert f"{doc}: region pfeddpo-hh differs from its sources" in check.stdout
+    assert f"{doc}: region pfeddpo-hh-v1 differs from its sources" in check.stdout
     assert "| stale |" in doc.read_text()  # --check writes nothing
     subprocess.run([sys.executable, script, str(doc)], check=True, capture_output=True)
     assert "| pFedDPO | 1.000 | **0.620** |" in doc.read_text()
