@@ -708,6 +708,78 @@ def pfeddpo_tuning(root: Path) -> str:
     return table(["split", "method", *(f"lr {lr}" for lr in grid), "chosen"], body)
 
 
+DPO_SEEDS = 3  # seeds 41-43, as every pFedDPO experiment plans them
+
+
+def spread(mean: float, std: float, seeds: int) -> str:
+    """mean +- std over seeds; the mean alone for one seed (no spread to show)."""
+    return f"{mean:.3f} +- {std:.3f}" if seeds > 1 else f"{mean:.3f}"
+
+
+def fraction(row: dict[str, str], metric: str) -> str:
+    """A reward accuracy of ``table.csv`` (in percent there) as the paper gives it, a fraction over seeds."""
+    mean, std = mean_std(row, metric)
+    return spread(mean / 100, std / 100, int(row["seeds"]))
+
+
+def dpo_point(point: str, source: str) -> tuple[str, str]:
+    """The split and method of a ``pfeddpo-hh`` point (``preference_split=random_name=feddpo``)."""
+    match = re.fullmatch(r"preference_split=(\w+?)_name=([\w-]+)", point)
+    if match is None or match[2] not in DPO_NAMES:
+        raise SourceError(f"{RESULTS_DIR}/pfeddpo-hh/{source}: a point {point!r} of no split and method")
+    return match[1], match[2]
+
+
+def pfeddpo_main(root: Path) -> str:
+    """``pfeddpo-hh`` over seeds (``table.csv``): each method on each split at its chosen step (``choices.json``),
+    reward accuracies and the held-out DPO loss at round 80; a point still running says how many seeds it has."""
+    rows = points(root, "pfeddpo-hh")
+    record = read_choices(root, "pfeddpo-hh")
+    body = []
+    for split in ("random", "length"):
+        for block, method in DPO_POINTS:
+            key = f"{block}/preference_split={split}_name={method}"
+            lr = record["choices"][key]["method.lr"]
+            r = rows.get(key)
+            if r is None:
+                body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", "-", "-", "-"])
+                continue
+            seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
+            loss = spread(*mean_std(r, "seen/loss"), int(r["seeds"]))
+            body.append(
+                [split, DPO_NAMES[method], lr, seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN), loss]
+            )
+    header = ["split", "method", "step", "seeds", "training reward acc.", "held-out reward acc."]
+    return table([*header, "held-out DPO loss"], body)
+
+
+def pfeddpo_main_paired(root: Path) -> str:
+    """Each baseline minus pFedDPO on each split (``paired.csv``): over seeds (t interval) and over (seed, client)
+    pairs (bootstrap), with the paper's claim and its verdict."""
+    body = []
+    for r in read_csv(root, f"{RESULTS_DIR}/pfeddpo-hh/paired.csv"):
+        metric = {SEEN: "held-out reward acc.", "seen/train_accuracy": "training reward acc."}.get(r["metric"])
+        if metric is None:
+            continue
+        split, method = dpo_point(r["point"], "paired.csv")
+        claim = f"{r['paper']}: {r['verdict']}" if r.get("paper") else "-"
+        body.append(
+            [
+                split,
+                DPO_NAMES[method],
+                metric,
+                r["seeds"],
+                r["mean"],
+                r.get("seeds ci95") or "-",
+                r["per seed"],
+                r["clients ci95"],
+                claim,
+            ]
+        )
+    header = ["split", "minus pFedDPO", "metric", "seeds", "mean (points)", "95% CI (seeds)", "per seed"]
+    return table([*header, "95% CI (seed, client)", "paper's claim: verdict"], body)
+
+
 DPO_PRIVATE = "pfeddpo-private-reduced"
 DPO_LEVELS = {"eps8": "eps 8 (pair-level DP-SGD)", "no-noise": "without DP"}
 
@@ -752,6 +824,24 @@ def pfeddpo_private_paired(root: Path) -> str:
         body.append([DPO_LEVELS[r["block"]], metric, r["mean"], r["seeds ci95"], r["per seed"], r["clients ci95"]])
     header = ["DP", "FedDPO minus pFedDPO", "mean (points)", "95% CI (seeds)", "per seed", "95% CI (seed, client)"]
     return table(header, body)
+
+
+KAPPA_NAMES = {
+    "kappa2": "kappa^2",
+    "kappa2_eff": "kappa_eff^2",
+    "kappa2_rel": "kappa^2 / norm(g_bar)^2",
+    "kappa2_eff_rel": "kappa_eff^2 / norm(g_bar_eff)^2",
+}
+
+
+def pfeddpo_kappa(root: Path) -> str:
+    """The federated methods' kappa^2 family at every diagnosed round of ``pfeddpo-hh`` (``rounds.csv``: mean +- std
+    over the seeds that logged it, how many in brackets)."""
+    body = []
+    for r in read_csv(root, f"{RESULTS_DIR}/pfeddpo-hh/rounds.csv"):
+        split, method = dpo_point(r["point"], "rounds.csv")
+        body.append([split, DPO_NAMES[method], r["round"], *(r[k] or "-" for k in KAPPA_NAMES)])
+    return table(["split", "method", "round", *KAPPA_NAMES.values()], body)
 
 
 # ---------------------------------------------------------------------------------------------------- benchmarks
@@ -992,6 +1082,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pfeddpo-hh-v1": pfeddpo_hh,
     "pfeddpo-ablations-v1": pfeddpo_ablations,
     "pfeddpo-tuning": pfeddpo_tuning,
+    "pfeddpo-main": pfeddpo_main,
+    "pfeddpo-main-paired": pfeddpo_main_paired,
+    "pfeddpo-kappa": pfeddpo_kappa,
     "pfeddpo-private": pfeddpo_private,
     "pfeddpo-private-paired": pfeddpo_private_paired,
     "bench-compact-round": bench_compact_round,
