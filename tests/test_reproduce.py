@@ -822,3 +822,23 @@ def test_committed_tuning_choices_are_what_the_committed_records_choose(tmp_path
     committed = json.loads((TUNED_DIR / f"{name}.json").read_text())
     for key in ("choices", "scores", "at_edge", "grid", "seeds", "metric"):
         assert made[key] == committed[key], f"configs/tuned/{name}.json: {key} differs from its records"
+
+
+TABLES = ("table.csv", "paired.csv", "rounds.csv")
+TABLED_RECORDS = [p for p in COMMITTED_RECORDS if (p.parent / "table.csv").is_file()]
+
+
+@pytest.mark.parametrize("path", TABLED_RECORDS, ids=lambda p: p.parent.name)
+def test_committed_tables_are_what_the_committed_records_make(tmp_path, path):
+    """``docs/results/NAME/table.csv`` (and ``paired.csv``, ``rounds.csv``) of an experiment with committed records
+    is, byte for byte, what ``fedtailor reproduce NAME --records docs/results --report-only`` makes from them: no
+    table number without its runs, and no committed run left out of the tables."""
+    name = path.parent.name
+    (tmp_path / "records" / name).mkdir(parents=True)
+    shutil.copy(path, tmp_path / "records" / name / path.name)
+    rp.reproduce([name], out=tmp_path / "out", records=tmp_path / "records", report_only=True, progress=lambda _: None)
+    for table in TABLES:
+        committed = path.parent / table
+        if committed.is_file():
+            made = tmp_path / "out" / name / table
+            assert made.read_text() == committed.read_text(), f"{committed}: not what its records make (--report-only)"
