@@ -689,22 +689,29 @@ def pfeddpo_ablations(root: Path) -> str:
 DPO_POINTS = (("federated", "pfeddpo"), ("federated", "feddpo"), ("central", "dpo-central"))
 
 
+def dpo_units() -> list[tuple[str, str, str]]:
+    """``pfeddpo-hh``'s points in table order: (split, method, its key in ``choices.json`` and ``table.csv``)."""
+    return [
+        (split, method, f"{block}/preference_split={split}_name={method}")
+        for split in ("random", "length")
+        for block, method in DPO_POINTS
+    ]
+
+
 def pfeddpo_tuning(root: Path) -> str:
     """``pfeddpo-hh``'s tuning stage (``choices.json``): each method's validation reward accuracy at every step of
     the grid on each split, the chosen step in bold, a choice at the grid's edge marked."""
     record = read_choices(root, "pfeddpo-hh")
     grid = record["grid"]["method.lr"]
     body = []
-    for split in ("random", "length"):
-        for block, method in DPO_POINTS:
-            unit = f"{block}/preference_split={split}_name={method}"
-            if unit not in record["choices"]:
-                raise SourceError(f"{RESULTS_DIR}/pfeddpo-hh/choices.json: no choice for {unit}")
-            chosen = record["choices"][unit]["method.lr"]
-            scores = record["scores"][unit]
-            cells = [bold(f"{scores[f'lr={lr}']:.3f}", lr == chosen) for lr in grid]
-            edge = " (edge)" if unit in record["at_edge"] else ""
-            body.append([split, DPO_NAMES[method], *cells, chosen + edge])
+    for split, method, unit in dpo_units():
+        if unit not in record["choices"]:
+            raise SourceError(f"{RESULTS_DIR}/pfeddpo-hh/choices.json: no choice for {unit}")
+        chosen = record["choices"][unit]["method.lr"]
+        scores = record["scores"][unit]
+        cells = [bold(f"{scores[f'lr={lr}']:.3f}", lr == chosen) for lr in grid]
+        edge = " (edge)" if unit in record["at_edge"] else ""
+        body.append([split, DPO_NAMES[method], *cells, chosen + edge])
     return table(["split", "method", *(f"lr {lr}" for lr in grid), "chosen"], body)
 
 
@@ -736,19 +743,15 @@ def pfeddpo_main(root: Path) -> str:
     rows = points(root, "pfeddpo-hh")
     record = read_choices(root, "pfeddpo-hh")
     body = []
-    for split in ("random", "length"):
-        for block, method in DPO_POINTS:
-            key = f"{block}/preference_split={split}_name={method}"
-            lr = record["choices"][key]["method.lr"]
-            r = rows.get(key)
-            if r is None:
-                body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", "-", "-", "-"])
-                continue
-            seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
-            loss = spread(*mean_std(r, "seen/loss"), int(r["seeds"]))
-            body.append(
-                [split, DPO_NAMES[method], lr, seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN), loss]
-            )
+    for split, method, key in dpo_units():
+        lr = record["choices"][key]["method.lr"]
+        r = rows.get(key)
+        if r is None:
+            body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", "-", "-", "-"])
+            continue
+        seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
+        loss = spread(*mean_std(r, "seen/loss"), int(r["seeds"]))
+        body.append([split, DPO_NAMES[method], lr, seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN), loss])
     header = ["split", "method", "step", "seeds", "training reward acc.", "held-out reward acc."]
     return table([*header, "held-out DPO loss"], body)
 
