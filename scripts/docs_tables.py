@@ -716,6 +716,8 @@ def pfeddpo_tuning(root: Path) -> str:
 
 
 DPO_SEEDS = 3  # seeds 41-43, as every pFedDPO experiment plans them
+# the per-round figures averaged over the second half of the rounds (``late/`` metrics of table.csv and paired.csv)
+DPO_LATE = {"late/base_grad_norm": "base-grad norm, rounds 41-80", "late/loss": "training DPO loss, rounds 41-80"}
 
 
 def spread(mean: float, std: float, seeds: int) -> str:
@@ -747,21 +749,24 @@ def pfeddpo_main(root: Path) -> str:
         lr = record["choices"][key]["method.lr"]
         r = rows.get(key)
         if r is None:
-            body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", "-", "-", "-"])
+            body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", *["-"] * 5])
             continue
         seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
-        loss = spread(*mean_std(r, "seen/loss"), int(r["seeds"]))
-        body.append([split, DPO_NAMES[method], lr, seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN), loss])
-    header = ["split", "method", "step", "seeds", "training reward acc.", "held-out reward acc."]
-    return table([*header, "held-out DPO loss"], body)
+        losses = [spread(*mean_std(r, m), int(r["seeds"])) for m in ("seen/loss", "late/base_grad_norm", "late/loss")]
+        body.append(
+            [split, DPO_NAMES[method], lr, seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN), *losses]
+        )
+    header = ["split", "method", "step", "seeds", "training reward acc.", "held-out reward acc.", "held-out DPO loss"]
+    return table([*header, *DPO_LATE.values()], body)
 
 
 def pfeddpo_main_paired(root: Path) -> str:
     """Each baseline minus pFedDPO on each split (``paired.csv``): over seeds (t interval) and over (seed, client)
     pairs (bootstrap), with the paper's claim and its verdict."""
     body = []
+    names = {SEEN: "held-out reward acc.", "seen/train_accuracy": "training reward acc.", **DPO_LATE}
     for r in read_csv(root, f"{RESULTS_DIR}/pfeddpo-hh/paired.csv"):
-        metric = {SEEN: "held-out reward acc.", "seen/train_accuracy": "training reward acc."}.get(r["metric"])
+        metric = names.get(r["metric"])
         if metric is None:
             continue
         split, method = dpo_point(r["point"], "paired.csv")
@@ -775,11 +780,11 @@ def pfeddpo_main_paired(root: Path) -> str:
                 r["mean"],
                 r.get("seeds ci95") or "-",
                 r["per seed"],
-                r["clients ci95"],
+                r.get("clients ci95") or "-",
                 claim,
             ]
         )
-    header = ["split", "minus pFedDPO", "metric", "seeds", "mean (points)", "95% CI (seeds)", "per seed"]
+    header = ["split", "minus pFedDPO", "metric", "seeds", "mean (points for accuracies)", "95% CI (seeds)", "per seed"]
     return table([*header, "95% CI (seed, client)", "paper's claim: verdict"], body)
 
 

@@ -475,6 +475,49 @@ def test_the_round_table_gives_each_per_round_metric_over_seeds_at_the_rounds_lo
     assert "| b | lr=0.2 | 1 | " in md and " (1) | - |" in md  # "-": not logged at that round
 
 
+def test_a_late_metric_is_the_per_round_metric_over_the_second_half_and_is_paired_by_seed(tmp_path, tiny):
+    """``late/loss``: each run's training loss averaged over rounds 3-4 of 4 (a non-finite value left out), mean +-
+    std over seeds in table.csv, and in paired.csv the per-seed differences with their t interval and a claim's
+    verdict, without a (seed, client) interval (a whole-run figure has no per-client values)."""
+    block = rp.Block("b", tiny[0], (("method.lr", ("0.05", "0.2")),))
+    claim = rp.Claim((("method.lr", "0.2"),), "late/loss", "below", "a larger step ends lower")
+    exp = rp.Experiment(
+        "late",
+        "late loss",
+        (block,),
+        quick=("federation.rounds=4",),
+        seeds=(1, 2),
+        metrics=("seen/accuracy", "late/loss"),
+        reference=(("method.lr", "0.05"),),
+        claims=(claim,),
+    )
+    runs = rp.plan(["late"], out=tmp_path, seeds=[1, 2], quick=True, registry={"late": exp})
+    assert rp.execute(runs, jobs=2) == []
+    log = runs[0].out / "metrics.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records[2]["loss"] = float("nan")
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    late = {}
+    for r in runs:
+        values = [m["loss"] for m in read_metrics(r.out) if m["round"] > 2 and np.isfinite(m["loss"])]
+        assert len(values) == (1 if r is runs[0] else 2)
+        late[(r.point, r.seed)] = float(np.mean(values))
+    folder = rp.tables(runs, out=tmp_path, registry={"late": exp})[0]
+    rows = {r["point"]: r for r in csv.DictReader((folder / "table.csv").open())}
+    for point in {r.point for r in runs}:
+        values = [late[(point, s)] for s in (1, 2)]
+        assert float(rows[slug(point)]["late/loss (mean)"]) == pytest.approx(np.mean(values))
+        assert float(rows[slug(point)]["late/loss (std)"]) == pytest.approx(np.std(values, ddof=1))
+    (paired,) = [r for r in csv.DictReader((folder / "paired.csv").open()) if r["metric"] == "late/loss"]
+    small, large = sorted({r.point for r in runs}, key=lambda p: float(dict(p)["method.lr"]))
+    diffs = [late[(large, s)] - late[(small, s)] for s in (1, 2)]
+    assert paired["per seed"] == " ".join(f"{d:+.2f}" for d in diffs) and paired["clients ci95"] == ""
+    lo, hi = (float(x) for x in paired["seeds ci95"].strip("[]").split(","))
+    assert lo <= np.mean(diffs) <= hi
+    expected = "reproduced" if hi < 0 else "not reproduced" if lo > 0 else "not settled (interval spans the claim)"
+    assert paired["paper"] == claim.paper and paired["verdict"] == expected
+
+
 def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_split(tmp_path, tiny):
     """The tuning stage runs every (point, step size) on a validation split, chooses per point the step with the
     best validation accuracy, and the experiment's runs then use it; a failed tuning run is never chosen."""

@@ -7,7 +7,8 @@ inline (one file, no external resources). An experiment with a ``reference`` poi
 ``paired.csv``: each point's difference from its reference, paired by seed (mean, a Student-t 95% interval over
 seeds, the per-seed differences) and by (seed, client) (a percentile-bootstrap 95% interval over those pairs). An
 experiment with ``round_metrics`` also gets ``rounds.md`` and ``rounds.csv``: those per-round metrics at every
-round logged, over seeds."""
+round logged, over seeds. A metric ``late/NAME`` is the per-round metric NAME averaged over the second half of each
+run's rounds (:func:`late_mean`: where a paper compares the end of its curves)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
                 values[(r.block, slug(r.point))] = _short_values(r.point)
         rows = []
         for (block, point), dirs in groups.items():
-            stats = aggregate_seeds(dirs)
+            stats = {**aggregate_seeds(dirs), **_late_stats(dirs, exp.metrics)}
             row = {"block": block, "point": point, "seeds": len(dirs)}
             row.update(seed_cells(stats, exp.metrics))
             row.update(_listed_cells(dirs, exp.metrics))
@@ -77,6 +78,37 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
             _trend_plot(rows, [values[(r["block"], r["point"])] for r in rows], exp, folder / "trend.png")
         folders.append(folder)
     return folders
+
+
+LATE = "late/"
+
+
+def late_mean(run_dir: Path, name: str) -> float | None:
+    """The per-round metric ``name`` of a run averaged over the second half of its rounds (rounds after R/2 of the R
+    it completed), over the rounds that logged a finite value; None when none did."""
+    half = int(read_results(run_dir)["rounds_completed"]) // 2
+    values = [r.get(name) for r in read_metrics(run_dir) if int(r["round"]) > half]
+    finite = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def run_value(run_dir: Path, metric: str) -> float | None:
+    """A run's figure ``metric``: a key of its summary, or ``late/NAME`` (:func:`late_mean`); None when missing."""
+    if metric.startswith(LATE):
+        return late_mean(run_dir, metric.removeprefix(LATE))
+    value = read_results(run_dir)["summary"].get(metric)
+    return None if value is None else float(value)
+
+
+def _late_stats(dirs: list[Path], metrics: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """Mean and standard deviation over runs (seeds) of each ``late/NAME`` metric every run has."""
+    stats = {}
+    for metric in (m for m in metrics if m.startswith(LATE)):
+        values = [run_value(d, metric) for d in dirs]
+        if values and all(v is not None for v in values):
+            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            stats[metric] = (float(np.mean(values)), std)
+    return stats
 
 
 def _listed_cells(dirs: list[Path], metrics: tuple[str, ...]) -> dict[str, str]:
@@ -130,19 +162,23 @@ def _grid_values(exp: Experiment, block: str, point: str) -> dict[str, str]:
 def paired_difference(
     ours: Mapping[int, Path], ref: Mapping[int, Path], metric: str, *, resamples: int = 10_000
 ) -> dict[str, Any] | None:
-    """``metric`` (``GROUP/NAME`` of a run's summary) of the runs ``ours`` minus that of ``ref`` (both by seed), on
-    the seeds they share: the mean difference over seeds with a Student-t 95% interval (two seeds at least), the
-    per-seed differences, and a percentile-bootstrap 95% interval of the mean difference over the (seed, client)
-    pairs of the group's clients present in both (``resamples`` draws from a generator seeded with 0: the same
-    files give the same interval). None when they share no seed or the metric is missing."""
+    """``metric`` (``GROUP/NAME`` of a run's summary, or ``late/NAME``: :func:`run_value`) of the runs ``ours`` minus
+    that of ``ref`` (both by seed), on the seeds they share: the mean difference over seeds with a Student-t 95%
+    interval (two seeds at least), the per-seed differences, and for a summary metric a percentile-bootstrap 95%
+    interval of the mean difference over the (seed, client) pairs of the group's clients present in both
+    (``resamples`` draws from a generator seeded with 0: the same files give the same interval). None when they share
+    no seed or the metric is missing."""
     seeds = sorted(set(ours) & set(ref))
     group, _, name = metric.partition("/")
     diffs, pairs = [], []
     for seed in seeds:
-        a, b = read_results(ours[seed]), read_results(ref[seed])
-        if metric not in a["summary"] or metric not in b["summary"]:
+        mine, theirs = run_value(ours[seed], metric), run_value(ref[seed], metric)
+        if mine is None or theirs is None:
             return None
-        diffs.append(float(a["summary"][metric]) - float(b["summary"][metric]))
+        diffs.append(mine - theirs)
+        if metric.startswith(LATE):  # a per-round metric of the whole run: no per-client values
+            continue
+        a, b = read_results(ours[seed]), read_results(ref[seed])
         per_b = {c["client"]: c for c in b["per_client"] if _in_group(c, group) and name in c}
         pairs += [
             float(c[name]) - float(per_b[c["client"]][name])
