@@ -430,7 +430,8 @@ class PPRCodec(Codec):
         size = t.shape[1]
         group = min(GROUP, size)
         first = t[:, ::group]
-        c_max = slack * np.exp(best[:, None] + self.alpha * (log_rmax[:, None] - np.log(first)))
+        with np.errstate(over="ignore"):  # a bound past float range is inf: it keeps every candidate, as it should
+            c_max = slack * np.exp(best[:, None] + self.alpha * (log_rmax[:, None] - np.log(first)))
         bound = np.repeat(np.exp(-c_max), group, axis=1)[:, :size]
         return np.flatnonzero(marks > bound)  # V < c  <=>  U > exp(-c)
 
