@@ -834,6 +834,44 @@ def pfeddpo_private_paired(root: Path) -> str:
     return table(header, body)
 
 
+# the ablations' points in table order: (experiment, point in table.csv, setting, method), 40 rounds each
+DPO_ABLATIONS = (
+    *(("pfeddpo-rank", f"lora_rank={r}", f"rank {r}", "pfeddpo") for r in ("2", "4", "8", "16")),
+    *(
+        ("pfeddpo-participation", f"name={m}_clients_per_round={k}", f"S = {k}", m)
+        for k in ("1", "3", "5")
+        for m in ("pfeddpo", "feddpo")
+    ),
+)
+
+
+def pfeddpo_ablations_seeds(root: Path) -> str:
+    """``pfeddpo-rank`` and ``pfeddpo-participation`` over seeds (``table.csv``; an experiment not run yet has no
+    folder and its points read "0 of 3"): reward accuracies at round 40, the gradient norm and training loss over
+    rounds 21-40, and each paper claim on the point with its verdict (``paired.csv``)."""
+    rows: dict[str, dict[str, dict[str, str]]] = {}
+    verdicts: dict[tuple[str, str], list[str]] = {}
+    for experiment in dict.fromkeys(e for e, *_ in DPO_ABLATIONS):
+        if (root / RESULTS_DIR / experiment).is_dir():
+            rows[experiment] = {r["point"]: r for r in read_csv(root, f"{RESULTS_DIR}/{experiment}/table.csv")}
+            for r in read_csv(root, f"{RESULTS_DIR}/{experiment}/paired.csv"):
+                if r.get("paper"):
+                    verdicts.setdefault((experiment, r["point"]), []).append(f"{r['paper']}: {r['verdict']}")
+    body = []
+    for experiment, point, setting, method in DPO_ABLATIONS:
+        r = rows.get(experiment, {}).get(point)
+        claims = "; ".join(verdicts.get((experiment, point), [])) or "-"
+        if r is None:
+            body.append([setting, DPO_NAMES[method], f"0 of {DPO_SEEDS}", *["-"] * 4, claims])
+            continue
+        seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
+        late = [spread(*mean_std(r, m), int(r["seeds"])) for m in DPO_LATE]
+        body.append([setting, DPO_NAMES[method], seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN)])
+        body[-1] += [*late, claims]
+    header = ["setting", "method", "seeds", "training reward acc.", "held-out reward acc."]
+    return table([*header, "base-grad norm, rounds 21-40", "training DPO loss, rounds 21-40", "paper: verdict"], body)
+
+
 KAPPA_NAMES = {
     "kappa2": "kappa^2",
     "kappa2_eff": "kappa_eff^2",
@@ -1093,6 +1131,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pfeddpo-main": pfeddpo_main,
     "pfeddpo-main-paired": pfeddpo_main_paired,
     "pfeddpo-kappa": pfeddpo_kappa,
+    "pfeddpo-ablations": pfeddpo_ablations_seeds,
     "pfeddpo-private": pfeddpo_private,
     "pfeddpo-private-paired": pfeddpo_private_paired,
     "bench-compact-round": bench_compact_round,

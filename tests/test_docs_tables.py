@@ -116,3 +116,27 @@ def test_a_new_ppr_benchmark_run_restates_the_target_verdict(tmp_path: Path) -> 
     assert docs_tables.sync(doc, root, write=False) == ["bench-ppr"]
     docs_tables.sync(doc, root, write=True)
     assert "15.5 ms: **not met** on this machine; the curve stops short of 0.35 bpc" in doc.read_text()
+
+
+def test_an_ablation_fills_in_once_its_tables_land(tmp_path: Path) -> None:
+    """``pfeddpo-ablations``: an experiment without a folder reads "0 of 3"; once its table.csv and paired.csv are
+    committed its points show their means over seeds and each paper claim on them with its verdict."""
+    root = _copy_tree(tmp_path)
+    shutil.rmtree(root / "docs/results/pfeddpo-rank", ignore_errors=True)
+    before = docs_tables.pfeddpo_ablations_seeds(root)
+    assert "| rank 2 | pFedDPO | 0 of 3 | - | - | - | - | - |" in before
+    folder = root / "docs/results/pfeddpo-rank"
+    folder.mkdir()
+    cells = {"seen/train_accuracy": (97.5, 1.25), "seen/accuracy": (58.0, 2.0)}
+    cells |= {"late/base_grad_norm": (0.5, 0.25), "late/loss": (0.125, 0.0625)}
+    header = ["block", "point", "seeds", *(f"{m} ({s})" for m in cells for s in ("mean", "std"))]
+    row = ["rank", "lora_rank=2", "3", *(str(v) for pair in cells.values() for v in pair)]
+    (folder / "table.csv").write_text(",".join(header) + "\n" + ",".join(row) + "\n")
+    paired = "block,point,reference,metric,seeds,mean,seeds ci95,per seed,paper,verdict\n"
+    paired += 'rank,lora_rank=2,rank/lora_rank=8,late/base_grad_norm,3,+0.30,"[+0.10, +0.50]",+0.2 +0.3 +0.4,'
+    paired += "the norm falls with rank,reproduced\n"
+    (folder / "paired.csv").write_text(paired)
+    after = docs_tables.pfeddpo_ablations_seeds(root)
+    line = "| rank 2 | pFedDPO | 3 | 0.975 +- 0.013 | 0.580 +- 0.020 | 0.500 +- 0.250 | 0.125 +- 0.062 |"
+    assert f"{line} the norm falls with rank: reproduced |" in after
+    assert "| rank 4 | pFedDPO | 0 of 3 |" in after  # a point of the experiment not landed yet
