@@ -720,6 +720,11 @@ DPO_SEEDS = 3  # seeds 41-43, as every pFedDPO experiment plans them
 DPO_LATE = {"late/base_grad_norm": "base-grad norm, rounds 41-80", "late/loss": "training DPO loss, rounds 41-80"}
 
 
+def seeds_of(row: dict[str, str]) -> str:
+    """A point's seeds, "N of 3" while it is still running."""
+    return row["seeds"] if int(row["seeds"]) == DPO_SEEDS else f"{row['seeds']} of {DPO_SEEDS}"
+
+
 def spread(mean: float, std: float, seeds: int) -> str:
     """mean +- std over seeds; the mean alone for one seed (no spread to show)."""
     return f"{mean:.3f} +- {std:.3f}" if seeds > 1 else f"{mean:.3f}"
@@ -751,10 +756,9 @@ def pfeddpo_main(root: Path) -> str:
         if r is None:
             body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", *["-"] * 5])
             continue
-        seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
-        losses = [spread(*mean_std(r, m), int(r["seeds"])) for m in ("seen/loss", "late/base_grad_norm", "late/loss")]
+        losses = [spread(*mean_std(r, m), int(r["seeds"])) for m in ("seen/loss", *DPO_LATE)]
         body.append(
-            [split, DPO_NAMES[method], lr, seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN), *losses]
+            [split, DPO_NAMES[method], lr, seeds_of(r), fraction(r, "seen/train_accuracy"), fraction(r, SEEN), *losses]
         )
     header = ["split", "method", "step", "seeds", "training reward acc.", "held-out reward acc.", "held-out DPO loss"]
     return table([*header, *DPO_LATE.values()], body)
@@ -864,10 +868,9 @@ def pfeddpo_ablations_seeds(root: Path) -> str:
         if r is None:
             body.append([setting, DPO_NAMES[method], f"0 of {DPO_SEEDS}", *["-"] * 4, claims])
             continue
-        seeds = r["seeds"] if int(r["seeds"]) == DPO_SEEDS else f"{r['seeds']} of {DPO_SEEDS}"
         late = [spread(*mean_std(r, m), int(r["seeds"])) for m in DPO_LATE]
-        body.append([setting, DPO_NAMES[method], seeds, fraction(r, "seen/train_accuracy"), fraction(r, SEEN)])
-        body[-1] += [*late, claims]
+        accuracies = [fraction(r, "seen/train_accuracy"), fraction(r, SEEN)]
+        body.append([setting, DPO_NAMES[method], seeds_of(r), *accuracies, *late, claims])
     header = ["setting", "method", "seeds", "training reward acc.", "held-out reward acc."]
     return table([*header, "base-grad norm, rounds 21-40", "training DPO loss, rounds 21-40", "paper: verdict"], body)
 
