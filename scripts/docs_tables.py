@@ -715,14 +715,16 @@ def pfeddpo_tuning(root: Path) -> str:
     return table(["split", "method", *(f"lr {lr}" for lr in grid), "chosen"], body)
 
 
-DPO_SEEDS = 3  # seeds 41-43, as every pFedDPO experiment plans them
+# how many seeds each pFedDPO experiment plans (its catalogue entry: 41-45 for the main comparison, 41-43 otherwise)
+DPO_SEEDS = {"pfeddpo-hh": 5, "pfeddpo-rank": 3, "pfeddpo-participation": 3}
 # the per-round figures averaged over the second half of the rounds (``late/`` metrics of table.csv and paired.csv)
 DPO_LATE = {"late/base_grad_norm": "base-grad norm, rounds 41-80", "late/loss": "training DPO loss, rounds 41-80"}
 
 
-def seeds_of(row: dict[str, str]) -> str:
-    """A point's seeds, "N of 3" while it is still running."""
-    return row["seeds"] if int(row["seeds"]) == DPO_SEEDS else f"{row['seeds']} of {DPO_SEEDS}"
+def seeds_of(row: dict[str, str], experiment: str) -> str:
+    """A point's seeds, "N of M" while it is still running."""
+    planned = DPO_SEEDS[experiment]
+    return row["seeds"] if int(row["seeds"]) == planned else f"{row['seeds']} of {planned}"
 
 
 def spread(mean: float, std: float, seeds: int) -> str:
@@ -754,11 +756,19 @@ def pfeddpo_main(root: Path) -> str:
         lr = record["choices"][key]["method.lr"]
         r = rows.get(key)
         if r is None:
-            body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS}", *["-"] * 5])
+            body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS['pfeddpo-hh']}", *["-"] * 5])
             continue
         losses = [spread(*mean_std(r, m), int(r["seeds"])) for m in ("seen/loss", *DPO_LATE)]
         body.append(
-            [split, DPO_NAMES[method], lr, seeds_of(r), fraction(r, "seen/train_accuracy"), fraction(r, SEEN), *losses]
+            [
+                split,
+                DPO_NAMES[method],
+                lr,
+                seeds_of(r, "pfeddpo-hh"),
+                fraction(r, "seen/train_accuracy"),
+                fraction(r, SEEN),
+                *losses,
+            ]
         )
     header = ["split", "method", "step", "seeds", "training reward acc.", "held-out reward acc.", "held-out DPO loss"]
     return table([*header, *DPO_LATE.values()], body)
@@ -866,11 +876,11 @@ def pfeddpo_ablations_seeds(root: Path) -> str:
         r = rows.get(experiment, {}).get(point)
         claims = "; ".join(verdicts.get((experiment, point), [])) or "-"
         if r is None:
-            body.append([setting, DPO_NAMES[method], f"0 of {DPO_SEEDS}", *["-"] * 4, claims])
+            body.append([setting, DPO_NAMES[method], f"0 of {DPO_SEEDS[experiment]}", *["-"] * 4, claims])
             continue
         late = [spread(*mean_std(r, m), int(r["seeds"])) for m in DPO_LATE]
         accuracies = [fraction(r, "seen/train_accuracy"), fraction(r, SEEN)]
-        body.append([setting, DPO_NAMES[method], seeds_of(r), *accuracies, *late, claims])
+        body.append([setting, DPO_NAMES[method], seeds_of(r, experiment), *accuracies, *late, claims])
     header = ["setting", "method", "seeds", "training reward acc.", "held-out reward acc."]
     return table([*header, "base-grad norm, rounds 21-40", "training DPO loss, rounds 21-40", "paper: verdict"], body)
 

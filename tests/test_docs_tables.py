@@ -140,3 +140,14 @@ def test_an_ablation_fills_in_once_its_tables_land(tmp_path: Path) -> None:
     line = "| rank 2 | pFedDPO | 3 | 0.975 +- 0.013 | 0.580 +- 0.020 | 0.500 +- 0.250 | 0.125 +- 0.062 |"
     assert f"{line} the norm falls with rank: reproduced |" in after
     assert "| rank 4 | pFedDPO | 0 of 3 |" in after  # a point of the experiment not landed yet
+
+
+def test_a_point_still_running_counts_its_seeds_against_what_its_experiment_plans() -> None:
+    """"N of M" in the pFedDPO tables: M is the number of seeds the catalogue plans for that experiment (five for the
+    main comparison, three for the ablations), so a table cannot call a point complete while seeds are missing."""
+    from fedtailor.fl.experiments import EXPERIMENTS
+
+    for name, planned in docs_tables.DPO_SEEDS.items():
+        assert planned == len(EXPERIMENTS[name].seeds), name
+        assert docs_tables.seeds_of({"seeds": str(planned)}, name) == str(planned)
+        assert docs_tables.seeds_of({"seeds": "2"}, name) == f"2 of {planned}"
