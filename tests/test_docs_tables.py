@@ -143,8 +143,8 @@ def test_an_ablation_fills_in_once_its_tables_land(tmp_path: Path) -> None:
 
 
 def test_a_point_still_running_counts_its_seeds_against_what_its_experiment_plans() -> None:
-    """"N of M" in the pFedDPO tables: M is the number of seeds the catalogue plans for that experiment (five for the
-    main comparison, three for the ablations), so a table cannot call a point complete while seeds are missing."""
+    """The pFedDPO tables read "N of M" seeds: M is the number of seeds the catalogue plans for that experiment
+    (five for the main comparison, three for the ablations), so no table calls a point complete too early."""
     from fedtailor.fl.experiments import EXPERIMENTS
 
     for name, planned in docs_tables.DPO_SEEDS.items():
