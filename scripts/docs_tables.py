@@ -469,13 +469,14 @@ def layer_allocation_test(root: Path) -> str:
 # ---------------------------------------------------------------------------------------------------- FedLAG
 
 
-def fedlag_section(experiment: str, tag: str) -> Callable[[Path], str]:
-    """The tables ``scripts/fedlag_report.py`` wrote for one alpha, their means checked against ``table.csv``."""
+def fedlag_section(experiment: str, tag: str, folder: str) -> Callable[[Path], str]:
+    """The tables ``scripts/fedlag_report.py`` wrote for one alpha of ``experiment``, their means checked against
+    ``table.csv``, both in ``docs/results/<folder>`` (``<experiment>-v1``: the runs at the paper's lr, untuned)."""
 
     def render(root: Path) -> str:
-        rel = f"{RESULTS_DIR}/{experiment}/fedlag.md"
+        rel = f"{RESULTS_DIR}/{folder}/fedlag.md"
         text = md_section(root, rel, f"### {experiment} {tag}")
-        rows = points(root, experiment)
+        rows = points(root, folder)
         for base, without, with_ in re.findall(r"^\| (\w+) \| ([\d.]+) \+- [\d.]+ \| ([\d.]+) \+-", text, re.M):
             for top_k, value in (("0", without), ("2", with_)):
                 row = rows.get(f"main-{tag}/name={base}_top_k={top_k}")
@@ -495,12 +496,13 @@ FEDLAG_VARIANTS = {
 }
 
 
-def fedlag_variants(experiment: str) -> Callable[[Path], str]:
-    """FedLAG's scoring variants around FedAvg (``table.csv``): Seen accuracy over seeds at each alpha, and the
-    layers each made personal (in how many seeds each), where the run directories were there to count them."""
+def fedlag_variants(folder: str) -> Callable[[Path], str]:
+    """FedLAG's scoring variants around FedAvg (``docs/results/<folder>/table.csv``): Seen accuracy over seeds at
+    each alpha, and the layers each made personal (in how many seeds each), where the run directories were there to
+    count them."""
 
     def render(root: Path) -> str:
-        rows = points(root, experiment)
+        rows = points(root, folder)
         body = []
         for pattern, name in FEDLAG_VARIANTS.items():
             cells = []
@@ -1128,14 +1130,14 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "compact-controls-noiseless-tuned-paired": compact_paired("compact-controls-mnist", TUNED_NOISELESS),
     "compact-layer-allocation-validation": layer_allocation_validation,
     "compact-layer-allocation-test": layer_allocation_test,
-    "fedlag-mnist/alpha01": fedlag_section("fedlag-mnist", "alpha01"),
-    "fedlag-mnist/alpha10": fedlag_section("fedlag-mnist", "alpha10"),
-    "fedlag-fmnist-reduced/alpha01": fedlag_section("fedlag-fmnist-reduced", "alpha01"),
-    "fedlag-fmnist-reduced/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10"),
+    "fedlag-mnist-v1/alpha01": fedlag_section("fedlag-mnist", "alpha01", "fedlag-mnist-v1"),
+    "fedlag-mnist-v1/alpha10": fedlag_section("fedlag-mnist", "alpha10", "fedlag-mnist-v1"),
+    "fedlag-fmnist-reduced-v1/alpha01": fedlag_section("fedlag-fmnist-reduced", "alpha01", "fedlag-fmnist-reduced-v1"),
+    "fedlag-fmnist-reduced-v1/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10", "fedlag-fmnist-reduced-v1"),
     "fedlag-adversary": fedlag_adversary,
     "fedlag-sensitivity": fedlag_sensitivity,
-    "fedlag-mnist-variants": fedlag_variants("fedlag-mnist"),
-    "fedlag-fmnist-variants": fedlag_variants("fedlag-fmnist-reduced"),
+    "fedlag-mnist-v1-variants": fedlag_variants("fedlag-mnist-v1"),
+    "fedlag-fmnist-reduced-v1-variants": fedlag_variants("fedlag-fmnist-reduced-v1"),
     "dp-utility": dp_utility,
     "dp-utility-fedlag": dp_utility_fedlag,
     "pfeddpo-hh-v1": pfeddpo_hh,
