@@ -709,6 +709,11 @@ def test_a_tuning_key_applies_only_to_the_methods_that_have_it(tmp_path):
     assert per_base["fedprox"] == per_base["ditto"] == 2 * 4 * 3 and per_base["fedavg"] == 2 * 4
     fedprox = next(r for r in runs if dict(r.point).get("method.mu") == "0.1")
     assert fedprox.cfg.method.mu == 0.1 and fedprox.cfg.data.validation == 0.2
+    # the reduced Fashion-MNIST scale tunes at half its 40 rounds (its declared reduced tuning budget), runs at 40
+    full = rp.plan_tuning(["fedlag-fmnist-reduced/main-alpha01"], out=tmp_path, quick=False)
+    assert {r.cfg.federation.rounds for r in full} == {20} and len(full) == len(runs)
+    main = rp.plan(["fedlag-fmnist-reduced/main-alpha01"], out=tmp_path, seeds=[41], quick=False)
+    assert {r.cfg.federation.rounds for r in main} == {40}
 
 
 def test_runs_get_threads_from_the_cores_this_process_may_use(tmp_path, registry, monkeypatch):
