@@ -487,6 +487,19 @@ def fedlag_section(experiment: str, tag: str, folder: str) -> Callable[[Path], s
     return render
 
 
+FEDLAG_SEEDS = 3  # the seeds the catalogue plans for every FedLAG experiment
+
+
+def _seen(row: dict[str, str] | None) -> str:
+    """A FedLAG point's Seen accuracy over seeds: mean +- std, the mean alone from one seed, "N of 3" while its
+    runs land, "-" before any has."""
+    if row is None:
+        return f"- (0 of {FEDLAG_SEEDS})"
+    seeds, (mean, std) = int(row["seeds"]), mean_std(row, SEEN)
+    shown = pm(mean, std) if seeds > 1 else f"{mean:.2f}"
+    return shown + (f" ({seeds} of {FEDLAG_SEEDS})" if seeds < FEDLAG_SEEDS else "")
+
+
 FEDLAG_VARIANTS = {
     "main-{a}/name=fedavg_top_k=0": "FedAvg alone",
     "main-{a}/name=fedavg_top_k=2": "FedLAG (tensors, round update scored; top_k 2)",
@@ -509,10 +522,53 @@ def fedlag_variants(folder: str) -> Callable[[Path], str]:
             for a in ("alpha01", "alpha10"):
                 row = rows.get(pattern.format(a=a))
                 personal = (row or {}).get("fedlag_personal") or ""
-                shown = pm(*mean_std(row, SEEN)) if row else "-"
-                cells.append(shown + (f" ({personal})" if personal not in ("", "-", "none") else ""))
+                cells.append(_seen(row) + (f" ({personal})" if personal not in ("", "-", "none") else ""))
             body.append([name, *cells])
         return table(["around FedAvg", "alpha 0.1: Seen (personal layers)", "alpha 1.0: Seen (personal layers)"], body)
+
+    return render
+
+
+TUNED_EXTRA = {"method.mu": "mu", "method.lam": "lam"}
+
+
+def _chosen(choice: dict[str, str], at_edge: bool) -> str:
+    """A point's chosen step, with FedProx's mu or Ditto's lambda where it has them: ``0.05, mu 0.01``; "(grid
+    edge)" where a chosen value is the smallest or largest of its grid."""
+    shown = ", ".join([choice["method.lr"], *(f"{n} {choice[k]}" for k, n in TUNED_EXTRA.items() if k in choice)])
+    return shown + (" (grid edge)" if at_edge else "")
+
+
+def fedlag_tuned(experiment: str, tag: str) -> Callable[[Path], str]:
+    """The tuned runs of ``experiment`` at one alpha (``docs/results/EXPERIMENT/``): each base without and with
+    FedLAG at its own chosen step (``choices.json``), test Seen accuracy over seeds (``table.csv``; "N of 3" while
+    its runs land), with minus without (``paired.csv``: Student-t interval over seeds, with the verdict on the
+    paper's claim) and the layers FedLAG made personal (in how many seeds each)."""
+
+    def render(root: Path) -> str:
+        folder = f"{RESULTS_DIR}/{experiment}"
+        tuning = read_choices(root, experiment)
+        choices, edge = tuning["choices"], set(tuning["at_edge"])
+        block = f"main-{tag}"
+        rows = points(root, experiment)
+        paired = {
+            r["point"]: r for r in read_csv(root, f"{folder}/paired.csv") if r["block"] == block and r["metric"] == SEEN
+        }
+        body = []
+        for base in dict.fromkeys(u.split("/name=")[1].rsplit("_top_k=", 1)[0] for u in choices if u.startswith(block)):
+            cells = [base]
+            for top_k in ("0", "2"):
+                unit = f"{block}/name={base}_top_k={top_k}"
+                if unit not in choices:
+                    raise SourceError(f"{folder}/choices.json: no choice for {unit}")
+                cells += [_chosen(choices[unit], unit in edge), _seen(rows.get(unit))]
+            diff = paired.get(f"name={base}_top_k=2")
+            personal = rows.get(f"{block}/name={base}_top_k=2", {}).get("fedlag_personal") or "-"
+            interval = f"{diff['mean']} {diff['seeds ci95']}".strip() if diff else "-"
+            verdict = f"{diff['paper']}: {diff['verdict']}" if diff and diff["paper"] else "-"
+            body.append([*cells, interval, verdict, personal])
+        header = ["base", "its step", "Seen alone", "its step with FedLAG", "Seen with FedLAG"]
+        return table([*header, "with minus alone (95% CI)", "paper: verdict", "personal layers (seeds)"], body)
 
     return render
 
@@ -1134,6 +1190,9 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fedlag-mnist-v1/alpha10": fedlag_section("fedlag-mnist", "alpha10", "fedlag-mnist-v1"),
     "fedlag-fmnist-reduced-v1/alpha01": fedlag_section("fedlag-fmnist-reduced", "alpha01", "fedlag-fmnist-reduced-v1"),
     "fedlag-fmnist-reduced-v1/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10", "fedlag-fmnist-reduced-v1"),
+    "fedlag-mnist/alpha01": fedlag_tuned("fedlag-mnist", "alpha01"),
+    "fedlag-mnist/alpha10": fedlag_tuned("fedlag-mnist", "alpha10"),
+    "fedlag-mnist-variants": fedlag_variants("fedlag-mnist"),
     "fedlag-adversary": fedlag_adversary,
     "fedlag-sensitivity": fedlag_sensitivity,
     "fedlag-mnist-v1-variants": fedlag_variants("fedlag-mnist-v1"),

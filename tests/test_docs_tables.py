@@ -4,6 +4,7 @@ the checker catches a tampered number, a tampered source and malformed markers (
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -151,3 +152,41 @@ def test_a_point_still_running_counts_its_seeds_against_what_its_experiment_plan
         assert planned == len(EXPERIMENTS[name].seeds), name
         assert docs_tables.seeds_of({"seeds": str(planned)}, name) == str(planned)
         assert docs_tables.seeds_of({"seeds": "2"}, name) == f"2 of {planned}"
+
+
+def test_a_tuned_fedlag_table_shows_each_base_at_its_own_step(tmp_path: Path) -> None:
+    """``fedlag-mnist/alpha01``: every base's own chosen step without and with FedLAG (grid-edge choices marked),
+    its Seen accuracy over seeds ("N of 3" while runs land, no spread from one seed, "-" before), the paired
+    interval with the verdict, and a base the tuning record lacks is an error naming the file."""
+    from fedtailor.fl.experiments import EXPERIMENTS
+
+    assert len(EXPERIMENTS["fedlag-mnist"].seeds) == docs_tables.FEDLAG_SEEDS
+    folder = tmp_path / "docs/results/fedlag-x"
+    folder.mkdir(parents=True)
+    choices = {
+        "main-alpha01/name=fedavg_top_k=0": {"method.lr": "0.05"},
+        "main-alpha01/name=fedavg_top_k=2": {"method.lr": "0.015"},
+        "main-alpha01/name=fedprox_top_k=0": {"method.lr": "0.05", "method.mu": "0.01"},
+        "main-alpha01/name=fedprox_top_k=2": {"method.lr": "0.05", "method.mu": "0.1"},
+        "main-alpha10/name=fedavg_top_k=0": {"method.lr": "0.15"},
+    }
+    record = {"choices": choices, "at_edge": ["main-alpha01/name=fedprox_top_k=2"]}
+    (folder / "choices.json").write_text(json.dumps(record))
+    header = "block,point,seeds,fedlag_personal,seen/accuracy (mean),seen/accuracy (std)\n"
+    rows = "main-alpha01,name=fedavg_top_k=0,3,,90.0,1.0\nmain-alpha01,name=fedavg_top_k=2,3,fc.weight (3),93.5,0.5\n"
+    rows += "main-alpha01,name=fedprox_top_k=0,1,,91.25,0.0\n"  # one seed: no spread yet
+    (folder / "table.csv").write_text(header + rows)
+    paired = "block,point,reference,metric,seeds,mean,seeds ci95,per seed,paper,verdict\n"
+    paired += 'main-alpha01,name=fedavg_top_k=2,main-alpha01/name=fedavg_top_k=0,seen/accuracy,3,+3.50,"[+1.00, +6.00]"'
+    paired += ",+3 +3.5 +4,FedLAG above its base,reproduced\n"
+    (folder / "paired.csv").write_text(paired)
+    text = docs_tables.fedlag_tuned("fedlag-x", "alpha01")(tmp_path)
+    fedavg = "| fedavg | 0.05 | 90.00 +- 1.00 | 0.015 | 93.50 +- 0.50 | +3.50 [+1.00, +6.00] |"
+    assert f"{fedavg} FedLAG above its base: reproduced | fc.weight (3) |" in text
+    fedprox = "| fedprox | 0.05, mu 0.01 | 91.25 (1 of 3) | 0.05, mu 0.1 (grid edge) | - (0 of 3) | - | - | - |"
+    assert fedprox in text
+    assert "0.15" not in text  # the other alpha's choices stay in their own table
+    del choices["main-alpha01/name=fedprox_top_k=2"]
+    (folder / "choices.json").write_text(json.dumps({"choices": choices, "at_edge": []}))
+    with pytest.raises(docs_tables.SourceError, match="fedlag-x/choices.json: no choice for .*fedprox_top_k=2"):
+        docs_tables.fedlag_tuned("fedlag-x", "alpha01")(tmp_path)
