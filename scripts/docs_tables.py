@@ -543,7 +543,8 @@ def fedlag_tuned(experiment: str, tag: str) -> Callable[[Path], str]:
     """The tuned runs of ``experiment`` at one alpha (``docs/results/EXPERIMENT/``): each base without and with
     FedLAG at its own chosen step (``choices.json``), test Seen accuracy over seeds (``table.csv``; "N of 3" while
     its runs land), with minus without (``paired.csv``: Student-t interval over seeds, with the verdict on the
-    paper's claim) and the layers FedLAG made personal (in how many seeds each)."""
+    paper's claim, "so far" before every seed has landed) and the layers FedLAG made personal (in how many seeds
+    each)."""
 
     def render(root: Path) -> str:
         folder = f"{RESULTS_DIR}/{experiment}"
@@ -566,6 +567,8 @@ def fedlag_tuned(experiment: str, tag: str) -> Callable[[Path], str]:
             personal = rows.get(f"{block}/name={base}_top_k=2", {}).get("fedlag_personal") or "-"
             interval = f"{diff['mean']} {diff['seeds ci95']}".strip() if diff else "-"
             verdict = f"{diff['paper']}: {diff['verdict']}" if diff and diff["paper"] else "-"
+            if diff and int(diff["seeds"]) < FEDLAG_SEEDS:
+                verdict += f" so far ({diff['seeds']} of {FEDLAG_SEEDS} seeds)"
             body.append([*cells, interval, verdict, personal])
         header = ["base", "its step", "Seen alone", "its step with FedLAG", "Seen with FedLAG"]
         return table([*header, "with minus alone (95% CI)", "paper: verdict", "personal layers (seeds)"], body)

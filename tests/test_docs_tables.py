@@ -186,6 +186,9 @@ def test_a_tuned_fedlag_table_shows_each_base_at_its_own_step(tmp_path: Path) ->
     fedprox = "| fedprox | 0.05, mu 0.01 | 91.25 (1 of 3) | 0.05, mu 0.1 (grid edge) | - (0 of 3) | - | - | - |"
     assert fedprox in text
     assert "0.15" not in text  # the other alpha's choices stay in their own table
+    (folder / "paired.csv").write_text(paired.replace("seen/accuracy,3,", "seen/accuracy,2,"))
+    text = docs_tables.fedlag_tuned("fedlag-x", "alpha01")(tmp_path)
+    assert "| FedLAG above its base: reproduced so far (2 of 3 seeds) |" in text  # a verdict before every seed
     del choices["main-alpha01/name=fedprox_top_k=2"]
     (folder / "choices.json").write_text(json.dumps({"choices": choices, "at_edge": []}))
     with pytest.raises(docs_tables.SourceError, match="fedlag-x/choices.json: no choice for .*fedprox_top_k=2"):
