@@ -487,17 +487,23 @@ def fedlag_section(experiment: str, tag: str, folder: str) -> Callable[[Path], s
     return render
 
 
-FEDLAG_SEEDS = 3  # the seeds the catalogue plans for every FedLAG experiment
+# the seeds the catalogue plans for an experiment whose tables show "N of M" while its runs land (3 where not named)
+PLANNED_SEEDS = {"fedlag-mnist": 5, "pfeddpo-hh": 5, "pfeddpo-rank": 3, "pfeddpo-participation": 3}
 
 
-def _seen(row: dict[str, str] | None) -> str:
-    """A FedLAG point's Seen accuracy over seeds: mean +- std, the mean alone from one seed, "N of 3" while its
-    runs land, "-" before any has."""
+def planned(experiment: str) -> int:
+    """The seeds the catalogue plans for ``experiment`` (:data:`PLANNED_SEEDS`)."""
+    return PLANNED_SEEDS.get(experiment, 3)
+
+
+def _seen(row: dict[str, str] | None, planned: int) -> str:
+    """A FedLAG point's Seen accuracy over seeds: mean +- std, the mean alone from one seed, "N of M" while its
+    runs land (M planned), "-" before any has."""
     if row is None:
-        return f"- (0 of {FEDLAG_SEEDS})"
+        return f"- (0 of {planned})"
     seeds, (mean, std) = int(row["seeds"]), mean_std(row, SEEN)
     shown = pm(mean, std) if seeds > 1 else f"{mean:.2f}"
-    return shown + (f" ({seeds} of {FEDLAG_SEEDS})" if seeds < FEDLAG_SEEDS else "")
+    return shown + (f" ({seeds} of {planned})" if seeds < planned else "")
 
 
 FEDLAG_VARIANTS = {
@@ -522,7 +528,8 @@ def fedlag_variants(folder: str) -> Callable[[Path], str]:
             for a in ("alpha01", "alpha10"):
                 row = rows.get(pattern.format(a=a))
                 personal = (row or {}).get("fedlag_personal") or ""
-                cells.append(_seen(row) + (f" ({personal})" if personal not in ("", "-", "none") else ""))
+                shown = f" ({personal})" if personal not in ("", "-", "none") else ""
+                cells.append(_seen(row, planned(folder)) + shown)
             body.append([name, *cells])
         return table(["around FedAvg", "alpha 0.1: Seen (personal layers)", "alpha 1.0: Seen (personal layers)"], body)
 
@@ -541,7 +548,7 @@ def _chosen(choice: dict[str, str], at_edge: bool) -> str:
 
 def fedlag_tuned(experiment: str, tag: str) -> Callable[[Path], str]:
     """The tuned runs of ``experiment`` at one alpha (``docs/results/EXPERIMENT/``): each base without and with
-    FedLAG at its own chosen step (``choices.json``), test Seen accuracy over seeds (``table.csv``; "N of 3" while
+    FedLAG at its own chosen step (``choices.json``), test Seen accuracy over seeds (``table.csv``; "N of M" while
     its runs land), with minus without (``paired.csv``: Student-t interval over seeds, with the verdict on the
     paper's claim, "so far" before every seed has landed) and the layers FedLAG made personal (in how many seeds
     each)."""
@@ -562,13 +569,13 @@ def fedlag_tuned(experiment: str, tag: str) -> Callable[[Path], str]:
                 unit = f"{block}/name={base}_top_k={top_k}"
                 if unit not in choices:
                     raise SourceError(f"{folder}/choices.json: no choice for {unit}")
-                cells += [_chosen(choices[unit], unit in edge), _seen(rows.get(unit))]
+                cells += [_chosen(choices[unit], unit in edge), _seen(rows.get(unit), planned(experiment))]
             diff = paired.get(f"name={base}_top_k=2")
             personal = rows.get(f"{block}/name={base}_top_k=2", {}).get("fedlag_personal") or "-"
             interval = f"{diff['mean']} {diff['seeds ci95']}".strip() if diff else "-"
             verdict = f"{diff['paper']}: {diff['verdict']}" if diff and diff["paper"] else "-"
-            if diff and int(diff["seeds"]) < FEDLAG_SEEDS:
-                verdict += f" so far ({diff['seeds']} of {FEDLAG_SEEDS} seeds)"
+            if diff and int(diff["seeds"]) < planned(experiment):
+                verdict += f" so far ({diff['seeds']} of {planned(experiment)} seeds)"
             body.append([*cells, interval, verdict, personal])
         header = ["base", "its step", "Seen alone", "its step with FedLAG", "Seen with FedLAG"]
         return table([*header, "with minus alone (95% CI)", "paper: verdict", "personal layers (seeds)"], body)
@@ -777,15 +784,14 @@ def pfeddpo_tuning(root: Path) -> str:
 
 
 # how many seeds each pFedDPO experiment plans (its catalogue entry: 41-45 for the main comparison, 41-43 otherwise)
-DPO_SEEDS = {"pfeddpo-hh": 5, "pfeddpo-rank": 3, "pfeddpo-participation": 3}
 # the per-round figures averaged over the second half of the rounds (``late/`` metrics of table.csv and paired.csv)
 DPO_LATE = {"late/base_grad_norm": "base-grad norm, rounds 41-80", "late/loss": "training DPO loss, rounds 41-80"}
 
 
 def seeds_of(row: dict[str, str], experiment: str) -> str:
     """A point's seeds, "N of M" while it is still running."""
-    planned = DPO_SEEDS[experiment]
-    return row["seeds"] if int(row["seeds"]) == planned else f"{row['seeds']} of {planned}"
+    n = planned(experiment)
+    return row["seeds"] if int(row["seeds"]) == n else f"{row['seeds']} of {n}"
 
 
 def spread(mean: float, std: float, seeds: int) -> str:
@@ -817,7 +823,7 @@ def pfeddpo_main(root: Path) -> str:
         lr = record["choices"][key]["method.lr"]
         r = rows.get(key)
         if r is None:
-            body.append([split, DPO_NAMES[method], lr, f"0 of {DPO_SEEDS['pfeddpo-hh']}", *["-"] * 5])
+            body.append([split, DPO_NAMES[method], lr, f"0 of {planned('pfeddpo-hh')}", *["-"] * 5])
             continue
         losses = [spread(*mean_std(r, m), int(r["seeds"])) for m in ("seen/loss", *DPO_LATE)]
         body.append(
@@ -937,7 +943,7 @@ def pfeddpo_ablations_seeds(root: Path) -> str:
         r = rows.get(experiment, {}).get(point)
         claims = "; ".join(verdicts.get((experiment, point), [])) or "-"
         if r is None:
-            body.append([setting, DPO_NAMES[method], f"0 of {DPO_SEEDS[experiment]}", *["-"] * 4, claims])
+            body.append([setting, DPO_NAMES[method], f"0 of {planned(experiment)}", *["-"] * 4, claims])
             continue
         late = [spread(*mean_std(r, m), int(r["seeds"])) for m in DPO_LATE]
         accuracies = [fraction(r, "seen/train_accuracy"), fraction(r, SEEN)]
