@@ -511,19 +511,24 @@ FEDLAG_VARIANTS = {
     "main-{a}/name=fedavg_top_k=2": "FedLAG (tensors, round update scored; top_k 2)",
     "unit-{a}/unit=module": "FedLAG, modules as layers (top_k 1)",
     "score-{a}/update=gradient": "FedLAG, last-minibatch gradient scored (top_k 2)",
+}
+FEDLAG_FIXED = {  # the fixed choices; Last-K (the head) in every table, First-K and Middle-K where they ran
+    "fixed-{a}/choice=first": "fixed First-K (top_k 2)",
+    "fixed-{a}/choice=middle": "fixed Middle-K (top_k 2)",
     "fixed-{a}/choice=last": "fixed Last-K (the head; top_k 2)",
 }
 
 
-def fedlag_variants(folder: str) -> Callable[[Path], str]:
+def fedlag_variants(folder: str, *, fixed: bool = False) -> Callable[[Path], str]:
     """FedLAG's scoring variants around FedAvg (``docs/results/<folder>/table.csv``): Seen accuracy over seeds at
     each alpha, and the layers each made personal (in how many seeds each), where the run directories were there to
-    count them."""
+    count them; ``fixed``: the fixed First-K and Middle-K too (an experiment that ran them)."""
 
     def render(root: Path) -> str:
         rows = points(root, folder)
         body = []
-        for pattern, name in FEDLAG_VARIANTS.items():
+        fixed_rows = {k: v for k, v in FEDLAG_FIXED.items() if fixed or k.endswith("last")}
+        for pattern, name in {**FEDLAG_VARIANTS, **fixed_rows}.items():
             cells = []
             for a in ("alpha01", "alpha10"):
                 row = rows.get(pattern.format(a=a))
@@ -1201,7 +1206,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "fedlag-fmnist-reduced-v1/alpha10": fedlag_section("fedlag-fmnist-reduced", "alpha10", "fedlag-fmnist-reduced-v1"),
     "fedlag-mnist/alpha01": fedlag_tuned("fedlag-mnist", "alpha01"),
     "fedlag-mnist/alpha10": fedlag_tuned("fedlag-mnist", "alpha10"),
-    "fedlag-mnist-variants": fedlag_variants("fedlag-mnist"),
+    "fedlag-mnist-variants": fedlag_variants("fedlag-mnist", fixed=True),
     "fedlag-adversary": fedlag_adversary,
     "fedlag-sensitivity": fedlag_sensitivity,
     "fedlag-mnist-v1-variants": fedlag_variants("fedlag-mnist-v1"),

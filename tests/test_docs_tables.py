@@ -192,3 +192,20 @@ def test_a_tuned_fedlag_table_shows_each_base_at_its_own_step(tmp_path: Path) ->
     (folder / "choices.json").write_text(json.dumps({"choices": choices, "at_edge": []}))
     with pytest.raises(docs_tables.SourceError, match="fedlag-x/choices.json: no choice for .*fedprox_top_k=2"):
         docs_tables.fedlag_tuned("fedlag-x", "alpha01")(tmp_path)
+
+
+def test_the_fedlag_variants_table_shows_first_and_middle_k_only_where_asked(tmp_path: Path) -> None:
+    """``fedlag_variants``: the scoring variants and fixed Last-K always; First-K and Middle-K, in that order before
+    Last-K, with ``fixed=True``; a point not landed reads "- (0 of M)" with M the experiment's planned seeds."""
+    folder = tmp_path / "docs/results/fedlag-mnist"
+    folder.mkdir(parents=True)
+    header = "block,point,seeds,fedlag_personal,seen/accuracy (mean),seen/accuracy (std)\n"
+    rows = "fixed-alpha01,choice=first,5,,98.0,0.1\nfixed-alpha01,choice=last,2,fc.weight 2/2,98.5,0.2\n"
+    (folder / "table.csv").write_text(header + rows)
+    plain = docs_tables.fedlag_variants("fedlag-mnist")(tmp_path)
+    assert "First-K" not in plain and "Middle-K" not in plain
+    assert "| fixed Last-K (the head; top_k 2) | 98.50 +- 0.20 (2 of 5) (fc.weight 2/2) | - (0 of 5) |" in plain
+    full = docs_tables.fedlag_variants("fedlag-mnist", fixed=True)(tmp_path)
+    names = [line.split(" | ")[0].removeprefix("| ") for line in full.splitlines()[2:]]
+    assert names[-3:] == ["fixed First-K (top_k 2)", "fixed Middle-K (top_k 2)", "fixed Last-K (the head; top_k 2)"]
+    assert "| fixed First-K (top_k 2) | 98.00 +- 0.10 | - (0 of 5) |" in full
