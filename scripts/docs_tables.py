@@ -496,14 +496,14 @@ def planned(experiment: str) -> int:
     return PLANNED_SEEDS.get(experiment, 3)
 
 
-def _seen(row: dict[str, str] | None, planned: int) -> str:
+def _seen(row: dict[str, str] | None, of: int) -> str:
     """A FedLAG point's Seen accuracy over seeds: mean +- std, the mean alone from one seed, "N of M" while its
-    runs land (M planned), "-" before any has."""
+    runs land (``of``: M, the seeds planned), "-" before any has."""
     if row is None:
-        return f"- (0 of {planned})"
+        return f"- (0 of {of})"
     seeds, (mean, std) = int(row["seeds"]), mean_std(row, SEEN)
     shown = pm(mean, std) if seeds > 1 else f"{mean:.2f}"
-    return shown + (f" ({seeds} of {planned})" if seeds < planned else "")
+    return shown + (f" ({seeds} of {of})" if seeds < of else "")
 
 
 FEDLAG_VARIANTS = {
@@ -788,7 +788,6 @@ def pfeddpo_tuning(root: Path) -> str:
     return table(["split", "method", *(f"lr {lr}" for lr in grid), "chosen"], body)
 
 
-# how many seeds each pFedDPO experiment plans (its catalogue entry: 41-45 for the main comparison, 41-43 otherwise)
 # the per-round figures averaged over the second half of the rounds (``late/`` metrics of table.csv and paired.csv)
 DPO_LATE = {"late/base_grad_norm": "base-grad norm, rounds 41-80", "late/loss": "training DPO loss, rounds 41-80"}
 
