@@ -95,8 +95,10 @@ def test_a_run_written_before_a_field_existed_still_resumes(tmp_path, capsys, ti
 
 
 def test_divergence_is_an_error_not_a_result(tmp_path, capsys, tiny):
+    """A diverging run writes no results and exits with its own status, 3 (a usage error's is 2), so that
+    ``fedtailor reproduce`` can record it as the run's outcome."""
     out = tmp_path / "run"
-    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", "--set", "method.lr=1e12"])
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", "--set", "method.lr=1e12"], code=3)
     assert "diverged" in err and "round 1" in err and "method.lr" in err
     assert not (out / "results.json").exists()
 
@@ -118,6 +120,7 @@ def test_a_private_run_with_a_huge_sigma_is_stopped_and_files_stay_valid_json(tm
             "--set",
             "federation.checkpoint_every=1",
         ],
+        code=3,
     )
     assert "diverged" in err and "epsilon" in err and "round 2" in err
     for line in (out / "metrics.jsonl").read_text().splitlines():
@@ -485,7 +488,7 @@ def test_a_finite_but_absurd_loss_is_divergence_too(tmp_path, capsys, tiny):
     diverged, with no results and no directory (no checkpoint had been written)."""
     out = tmp_path / "run"
     sets = ['method.name="fedper"', "method.lr=1e6", 'method.model="dnn"', 'data.dataset="mnist-5k"', "data.limit=600"]
-    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", *[f"--set={s}" for s in sets]])
+    err = _fails(capsys, ["run", *tiny, "--out", str(out), "--no-progress", *[f"--set={s}" for s in sets]], code=3)
     assert "round 1" in err and "loss" in err and "diverged" in err and "method.lr" in err
     assert not out.exists()
 

@@ -566,6 +566,57 @@ def test_each_point_runs_with_the_step_size_chosen_for_it_on_the_validation_spli
     assert sum(r["chosen"] == "True" for r in rows) == 2 and len(rows) == 4
 
 
+def test_a_run_that_diverges_is_an_outcome_recorded_once_and_never_run_again(tmp_path, tiny, monkeypatch):
+    """A tuning run whose step diverges (``fedtailor run`` exits 3) is marked with its error, recorded, restored
+    from the records on another machine and not run again there; its values score nothing, so the point takes the
+    other step, and the reproduction has not failed. A run of the experiment itself that diverges is a failure,
+    reported again, not rerun."""
+    from fedtailor.fl import experiments as registry
+    from fedtailor.reproduce.records import read_records, records_path
+    from fedtailor.rundir import read_diverged
+
+    block = rp.Block("b", tiny[0], (("federation.clients_per_round", ("3",)),))
+    exp = rp.Experiment("edge", "a grid whose largest step diverges", (block,), quick=("federation.rounds=2",))
+    exp = replace(exp, seeds=(1,), tuning=rp.Tuning(grid=(("method.lr", ("0.05", "1e12")),)))
+    monkeypatch.setitem(registry._EXPERIMENTS, "edge", ("tests", exp))
+    records = tmp_path / "records"
+
+    def reproduce(name: str, where: str) -> tuple[rp.Outcome, list[str]]:
+        lines: list[str] = []
+        outcome = rp.reproduce(
+            [name], out=tmp_path / where, quick=True, tune=True, records=records, progress=lines.append
+        )
+        return outcome, lines
+
+    outcome, lines = reproduce("edge", "first")
+    assert outcome.failed == [] and any("lr=1e12 seed 41 diverged" in ln for ln in lines)
+    edge = tmp_path / "first/edge/tuning/b/clients_per_round=3_lr=1e12/seed41"
+    assert (
+        not (edge / "results.json").exists() and "round 1" in read_diverged(edge) and "method.lr" in read_diverged(edge)
+    )
+    choice = json.loads((tmp_path / "first/edge/tuning/choices.json").read_text())["choices"]
+    assert choice == {"b/clients_per_round=3": {"method.lr": "0.05"}}
+    saved = read_records(records_path(records, "edge"))
+    assert saved["edge/tuning/b/clients_per_round=3_lr=1e12/seed41"]["diverged"] == read_diverged(edge)
+    assert saved["edge/tuning/b/clients_per_round=3_lr=1e12/seed41"]["results"] == {}
+    outcome, lines = reproduce("edge", "second")  # a fresh machine: everything restored, nothing run
+    assert outcome.failed == [] and lines[0] == "reproduce: 3 finished run(s) of edge restored from " + str(
+        records_path(records, "edge")
+    )
+    assert lines[1:3] == [
+        "reproduce: 1 run(s) diverged before and are not run again (diverged.json in each)",
+        "reproduce: 1 done, 0 running, 0 waiting",
+    ]
+    assert json.loads((tmp_path / "second/edge/tuning/choices.json").read_text())["choices"] == choice
+    # the experiment's own run at a diverging step: a failure, every time, without running it again
+    bad = replace(exp, name="edge-run", tuning=None, blocks=(replace(block, sets=("method.lr=1e12",)),))
+    monkeypatch.setitem(registry._EXPERIMENTS, "edge-run", ("tests", bad))
+    for _ in range(2):
+        outcome, lines = reproduce("edge-run", "third")
+        assert [r.diverged for r in outcome.failed] == [True]
+    assert "reproduce: 1 run(s) diverged before and are not run again (diverged.json in each)" in lines
+
+
 def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):
     """``Tuning.on``: only that block is tuned, and each point of every block runs with that block's choice for
     the same point (a reduced budget); a block name that is not the experiment's is refused."""
@@ -814,6 +865,8 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
         (json.dumps({**json.loads(lines_in[0]), "run": "../escape/seed1"}), "path"),
         (json.dumps({**json.loads(lines_in[0]), "results": []}), "results"),
         (json.dumps({**json.loads(lines_in[0]), "results": {"seed": 1}}), "results"),
+        (json.dumps({**json.loads(lines_in[0]), "results": {}, "diverged": 3}), "diverged"),  # why, as text
+        (json.dumps({**json.loads(lines_in[0]), "diverged": "round 1"}), "diverged"),  # and no results beside it
     ):
         path.write_bytes(gzip.compress(("\n".join([lines_in[1], bad]) + "\n").encode()))
         with pytest.raises(ValueError, match=rf"runs.jsonl.gz, line 2: not a run record \(its {why} is wrong\)"):
@@ -848,7 +901,7 @@ def test_every_committed_record_is_a_finished_run_its_experiment_plans_now(tmp_p
         assert run.startswith(f"{name}/"), f"{path}: {run} is not a run of {name}"
         match = planned.get(tmp_path / run)
         assert match is not None, f"{path}: {run} is not a run {name} plans"
-        assert match.done, f"{path}: {run} ran another config than {name} plans now; rerun it"
+        assert match.done or match.diverged, f"{path}: {run} ran another config than {name} plans now; rerun it"
 
 
 TUNED_DIR = Path(__file__).parents[1] / "configs" / "tuned"
@@ -864,7 +917,7 @@ def test_committed_tuning_choices_are_what_the_committed_records_choose(tmp_path
     name = path.parent.name
     restore(path, tmp_path)
     runs = rp.plan_tuning([name], out=tmp_path, quick=False)
-    missing = [str(r.out.relative_to(tmp_path)) for r in runs if not r.done]
+    missing = [str(r.out.relative_to(tmp_path)) for r in runs if not (r.done or r.diverged)]
     assert not missing, f"{path}: tuning runs not recorded: {missing}"
     rp.choose(runs, out=tmp_path, quick=False)
     made = json.loads((tmp_path / name / "tuning" / "choices.json").read_text())

@@ -33,6 +33,7 @@ METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 CLIENTS = "clients.csv"
 CHECKPOINT = "checkpoint.pt"
+DIVERGED = "diverged.json"
 
 #: A grid point: its overrides as (dotted key, value) pairs, in grid order.
 Point = tuple[tuple[str, str], ...]
@@ -150,6 +151,38 @@ def finished(run_dir: str | Path, cfg: RunConfig) -> bool:
         return not config_differences_from(run_dir, cfg)
     except (OSError, ValueError):
         return False
+
+
+def write_diverged(run_dir: Path, cfg: RunConfig, reason: str) -> None:
+    """Mark ``run_dir`` as a run of ``cfg`` that diverged (``reason``: the error that stopped it), its config saved
+    beside the mark: an outcome as final as a finished run's, since the same config diverges again (a tuning
+    grid's largest step). It writes no results."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_config(run_dir, dump_config(cfg))
+    write_json(run_dir / DIVERGED, {"reason": reason})
+
+
+def diverged(run_dir: str | Path, cfg: RunConfig | None = None) -> bool:
+    """Whether ``run_dir`` holds a run that diverged (:func:`write_diverged`), of exactly ``cfg`` where given."""
+    if not (Path(run_dir) / DIVERGED).is_file():
+        return False
+    try:
+        return cfg is None or not config_differences_from(run_dir, cfg)
+    except (OSError, ValueError):
+        return False
+
+
+def read_diverged(run_dir: str | Path) -> str:
+    """Why the run in ``run_dir`` diverged (:func:`write_diverged`); ValueError, naming the file, for a mark that
+    is damaged."""
+    path = Path(run_dir) / DIVERGED
+    try:
+        reason = json.loads(path.read_text())["reason"]
+        if isinstance(reason, str):
+            return reason
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        pass
+    raise ValueError(f"{path} is not a divergence mark (damaged?); delete it to run the run again.")
 
 
 def config_differences_from(run_dir: str | Path, cfg: RunConfig) -> list[str]:

@@ -55,6 +55,7 @@ def _main(argv: list[str] | None) -> int:
     single_thread_numpy_blas()  # numpy's idle BLAS threads would otherwise steal torch's cores
     args = parser.parse_args(argv)
     from fedtailor.fl.loop import RunInterrupted
+    from fedtailor.fl.records import TrainingDiverged
     from fedtailor.privacy.ledger import PrivacyBudgetExceeded
 
     logging.basicConfig(
@@ -82,6 +83,11 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"fedtailor {args.command}: interrupted.", file=sys.stderr)
         return 130
+    except TrainingDiverged as err:  # an outcome of the run's settings, not a usage error: its own exit status
+        if args.verbose:
+            raise
+        print(f"fedtailor {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return TrainingDiverged.EXIT_STATUS
     except (ValueError, OSError, KeyError, PrivacyBudgetExceeded) as err:
         # user errors (and a release the privacy budget refuses): one clear line, no traceback
         if args.verbose:

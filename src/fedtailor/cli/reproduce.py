@@ -29,14 +29,20 @@ def _reproduce(args: argparse.Namespace) -> int:
         progress=lambda line: print(line, file=sys.stderr),
     )
     print(f"report: {outcome.report}")
-    if outcome.failed:
+    diverged = sum(r.diverged for r in outcome.failed)
+    if diverged:
         print(
-            f"{len(outcome.failed)} run(s) failed; their logs are beside their run directories. Run the same "
-            "command again to retry them (finished runs are skipped).",
+            f"{diverged} run(s) diverged (a step too large for the model, or noise far above the signal); the same "
+            "command runs them again only once their run directories are deleted.",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    if len(outcome.failed) > diverged:
+        print(
+            f"{len(outcome.failed) - diverged} run(s) failed; their logs are beside their run directories. Run the "
+            "same command again to retry them (finished runs are skipped).",
+            file=sys.stderr,
+        )
+    return 1 if outcome.failed else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,8 +21,10 @@ Metrics = dict[str, float]
 
 class TrainingDiverged(ValueError):
     """Training produced a non-finite loss or metric, or a finite loss past :data:`LOSS_LIMIT`: the run stops
-    instead of reporting garbage (:func:`check_diverged`)."""
+    instead of reporting garbage (:func:`check_diverged`). ``fedtailor run`` then exits with :attr:`EXIT_STATUS`,
+    which ``fedtailor reproduce`` records as the run's outcome (a tuning grid's largest step may diverge)."""
 
+    EXIT_STATUS = 3
     HINT = (
         "the run diverged and is stopped (no results are written). Usual causes: a learning rate too large "
         "for the model (method.lr), or in a private run noise far above the signal (a very small "

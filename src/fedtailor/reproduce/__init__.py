@@ -79,9 +79,10 @@ def reproduce(
 ) -> Outcome:
     """Plan the named experiments, run what is not finished, and write their tables, plots and ``report.html``.
     ``tune``: first run the tuning stages and write their choices, which the runs then use (a failed tuning run
-    scores nothing; its point is chosen from the others). ``records``: a folder of run records
-    (:mod:`.records`): those of the named experiments are restored as finished runs first, and each experiment's
-    file is rewritten whenever one of its runs finishes. ``report_only``: run nothing (no tuning stage either); the
+    scores nothing; its point is chosen from the others; one that diverged is an outcome, not a failure).
+    ``records``: a folder of run records (:mod:`.records`): those of the named experiments are restored as finished
+    runs (or runs that diverged) first, and each experiment's file is rewritten whenever one of its runs finishes
+    or diverges. ``report_only``: run nothing (no tuning stage either); the
     tables and the report cover the runs already finished, restored records included, and say how many seeds each
     point has."""
     if report_only and tune:
@@ -98,7 +99,8 @@ def reproduce(
 
     if tune:
         tuning = plan_tuning(names, out=out, quick=quick)
-        failed += execute(tuning, jobs=jobs, progress=progress, on_finish=on_finish)
+        # a tuning run that diverges is an outcome, not a failure: its values score nothing (a grid's largest step)
+        failed += [r for r in execute(tuning, jobs=jobs, progress=progress, on_finish=on_finish) if not r.diverged]
         for path in choose(tuning, out=out, quick=quick):
             progress(f"reproduce: tuning choices in {path}")
     runs = plan(names, out=out, seeds=seeds, quick=quick)

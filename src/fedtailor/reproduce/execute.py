@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from fedtailor.fl.records import TrainingDiverged
 from fedtailor.reproduce.plan import Run
-from fedtailor.rundir import completed, config_differences_from
+from fedtailor.rundir import completed, config_differences_from, write_diverged
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,12 @@ def _other_config(run: Run) -> list[str]:
         return config_differences_from(run.out, run.cfg)
     except (OSError, ValueError):  # no saved config
         return []
+
+
+def _last_line(log_file: Path) -> str:
+    """The last line a run's process wrote (its one-line error), empty if none."""
+    lines = log_file.read_text(errors="replace").strip().splitlines() if log_file.exists() else []
+    return lines[-1] if lines else ""
 
 
 def usable_cores() -> int:
@@ -53,15 +60,20 @@ def execute(
     """Run what is not finished, ``jobs`` processes at a time (``cores // jobs`` threads each), with a progress
     line after each start and finish: done / running / left and an estimate of the time left. ``command``: the
     process of a run (default: ``fedtailor run`` with the run's overrides); ``on_finish``: called with each run
-    that finishes here (saving its record). Returns the runs that failed.
+    that finishes here or diverges (saving its record). Returns the runs that failed or diverged: a run that
+    diverges is marked so (:func:`fedtailor.rundir.write_diverged`, with the error from its log) and is not run
+    again by a later call, since the same config diverges again; delete its folder to run it anyway.
 
     Runs start seed by seed within each experiment (every point of the first seed, then the second, ...), so a
     reproduction stopped part-way leaves whole comparisons over fewer seeds rather than some points without any."""
     cores = usable_cores()
     jobs = max(1, min(jobs, cores))
     experiments = {name: i for i, name in enumerate(dict.fromkeys(r.experiment for r in runs))}
-    todo = sorted((r for r in runs if not r.done), key=lambda r: (experiments[r.experiment], r.seed))
-    done, failed = len(runs) - len(todo), []
+    failed = [r for r in runs if not r.done and r.diverged]
+    if failed:
+        progress(f"reproduce: {len(failed)} run(s) diverged before and are not run again (diverged.json in each)")
+    todo = sorted((r for r in runs if not r.done and not r.diverged), key=lambda r: (experiments[r.experiment], r.seed))
+    done = len(runs) - len(todo) - len(failed)
     for run in [r for r in todo if r.same_as is None]:
         if other := _other_config(run):  # e.g. run before a new tuning choice
             todo.remove(run)
@@ -112,6 +124,12 @@ def execute(
                 durations.append(time.time() - started)
                 if on_finish is not None:
                     on_finish(run)
+            elif proc.returncode == TrainingDiverged.EXIT_STATUS:
+                failed.append(run)
+                write_diverged(run.out, run.cfg, _last_line(_log_path(run)))
+                if on_finish is not None:
+                    on_finish(run)
+                progress(f"reproduce: {run.label} diverged; see {_log_path(run)}")
             else:
                 failed.append(run)
                 progress(f"reproduce: {run.label} failed (exit {proc.returncode}); see {_log_path(run)}")

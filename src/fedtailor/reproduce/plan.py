@@ -14,7 +14,7 @@ from typing import Any
 import fedtailor
 from fedtailor.config import RunConfig, load_config
 from fedtailor.fl.experiments import EXPERIMENTS, Block, Experiment
-from fedtailor.rundir import Point, completed, finished, point_dir, seed_dir, slug
+from fedtailor.rundir import Point, completed, diverged, finished, point_dir, seed_dir, slug
 
 
 @dataclass
@@ -46,6 +46,12 @@ class Run:
         """A finished run of this point's resolved config (a ``--quick`` result, or a run with other settings,
         in the same folder is not this run)."""
         return finished(self.out, self.cfg)
+
+    @property
+    def diverged(self) -> bool:
+        """A run of this point's resolved config that diverged (:func:`fedtailor.rundir.write_diverged`): not run
+        again, since the same config diverges again."""
+        return diverged(self.out, self.cfg)
 
 
 def config_path(config: str) -> str:

@@ -1,5 +1,6 @@
 """Run records: each finished run of an experiment as one JSON line (its resolved config, ``results.json`` and
-per-round ``metrics.jsonl``), in one gzip file per experiment, ``RECORDS_DIR/NAME/runs.jsonl.gz``.
+per-round ``metrics.jsonl``; for a run that diverged, why, in ``diverged``, and no results), in one gzip file per
+experiment, ``RECORDS_DIR/NAME/runs.jsonl.gz``.
 
 A run directory holds checkpoints and logs and stays on the machine that ran it; a record holds what the tables,
 the tuning choices and the verdicts are computed from, a few kilobytes a run. ``fedtailor reproduce NAME
@@ -25,9 +26,12 @@ from typing import Any
 
 from fedtailor.rundir import (
     CONFIG,
+    DIVERGED,
     REQUIRED,
     completed,
+    diverged,
     read_config,
+    read_diverged,
     read_metrics,
     read_results,
     write_json,
@@ -45,12 +49,13 @@ def records_path(records: Path, name: str) -> Path:
 
 
 def finished_runs(out: Path, name: str) -> list[Path]:
-    """The run directories of experiment ``name`` under ``out`` (tuning runs included) that ran every round;
-    links to another point's run (an identical config planned twice) are that run's, not recorded twice."""
+    """The run directories of experiment ``name`` under ``out`` (tuning runs included) that ran every round or
+    diverged; links to another point's run (an identical config planned twice) are that run's, not recorded
+    twice."""
     found = []
     for folder, dirs, _files in os.walk(Path(out) / name):
         dirs[:] = sorted(d for d in dirs if not (Path(folder) / d).is_symlink())
-        if completed(folder):
+        if completed(folder) or diverged(folder):
             found.append(Path(folder))
     return sorted(found)
 
@@ -69,7 +74,9 @@ def read_records(path: Path) -> dict[str, dict[str, Any]]:
         except ValueError:
             raise ValueError(f"{path}, line {i}: not JSON; restore the file from git.") from None
         bad = [k for k, kind in _FIELDS.items() if not isinstance(record, dict) or not isinstance(record.get(k), kind)]
-        if not bad and any(k not in record["results"] for k in REQUIRED):
+        if not bad and "diverged" in record:  # a run that diverged: why, and no results
+            bad = [] if isinstance(record["diverged"], str) and not record["results"] else ["diverged"]
+        elif not bad and any(k not in record["results"] for k in REQUIRED):
             bad = ["results"]
         run = PurePosixPath(record["run"] if not bad else "")
         if bad or run.is_absolute() or ".." in run.parts or not run.parts:
@@ -83,7 +90,8 @@ def read_records(path: Path) -> dict[str, dict[str, Any]]:
 
 def restore(path: Path, out: Path) -> int:
     """Write each record of ``path`` whose run directory under ``out`` holds nothing yet as a finished run
-    directory (config, results, metrics); returns how many were written. Every record is checked before any is
+    directory (config, results, metrics; a run that diverged: its mark instead of results); returns how many were
+    written. Every record is checked before any is
     written."""
     records = read_records(path)
     written = 0
@@ -94,7 +102,10 @@ def restore(path: Path, out: Path) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / CONFIG, record["config"])
         write_metrics(folder, record["metrics"])
-        write_results(folder, record["results"])  # last: a folder is finished once it has results (and clients.csv)
+        if "diverged" in record:
+            write_json(folder / DIVERGED, {"reason": record["diverged"]})
+        else:  # last: a folder is finished once it has results (and clients.csv)
+            write_results(folder, record["results"])
         written += 1
     return written
 
@@ -107,12 +118,9 @@ def save(path: Path, out: Path, name: str) -> int:
     records = read_records(path) if Path(path).exists() else {}
     for folder in finished_runs(out, name):
         run = folder.relative_to(out).as_posix()
-        records[run] = {
-            "run": run,
-            "config": read_config(folder),
-            "results": read_results(folder),
-            "metrics": read_metrics(folder),
-        }
+        outcome = {"results": read_results(folder)} if completed(folder) else {"diverged": read_diverged(folder)}
+        records[run] = {"run": run, "config": read_config(folder), "results": {}, "metrics": read_metrics(folder)}
+        records[run].update(outcome)
     text = "".join(json.dumps(records[k], allow_nan=False) + "\n" for k in sorted(records))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(path).with_suffix(".tmp")
