@@ -573,7 +573,7 @@ def test_a_run_that_diverges_is_an_outcome_recorded_once_and_never_run_again(tmp
     reported again, not rerun."""
     from fedtailor.fl import experiments as registry
     from fedtailor.reproduce.records import read_records, records_path
-    from fedtailor.rundir import read_diverged
+    from fedtailor.rundir import read_diverged, read_results
 
     block = rp.Block("b", tiny[0], (("federation.clients_per_round", ("3",)),))
     exp = rp.Experiment("edge", "a grid whose largest step diverges", (block,), quick=("federation.rounds=2",))
@@ -594,6 +594,8 @@ def test_a_run_that_diverges_is_an_outcome_recorded_once_and_never_run_again(tmp
     assert (
         not (edge / "results.json").exists() and "round 1" in read_diverged(edge) and "method.lr" in read_diverged(edge)
     )
+    with pytest.raises(FileNotFoundError, match="holds a run that diverged, without results"):
+        read_results(edge)  # what `fedtailor report` of that folder says
     choice = json.loads((tmp_path / "first/edge/tuning/choices.json").read_text())["choices"]
     assert choice == {"b/clients_per_round=3": {"method.lr": "0.05"}}
     saved = read_records(records_path(records, "edge"))

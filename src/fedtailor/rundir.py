@@ -119,6 +119,8 @@ def read_results(run_dir: str | Path, *, require: Iterable[str] = REQUIRED) -> R
     reader that needs fewer names them). Raises FileNotFoundError for a directory without results and
     ValueError, naming the file, for one that is damaged or not a run's."""
     path = Path(run_dir) / RESULTS
+    if not path.exists() and diverged(run_dir):
+        raise FileNotFoundError(f"{run_dir} holds a run that diverged, without results ({read_diverged(run_dir)})")
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} has no {RESULTS}; is it a finished `fedtailor run` directory?")
     try:
