@@ -69,11 +69,12 @@ def execute(
     cores = usable_cores()
     jobs = max(1, min(jobs, cores))
     experiments = {name: i for i, name in enumerate(dict.fromkeys(r.experiment for r in runs))}
-    failed = [r for r in runs if not r.done and r.diverged]
+    pending = [(r, r.diverged) for r in runs if not r.done]
+    failed = [r for r, before in pending if before]
     if failed:
         progress(f"reproduce: {len(failed)} run(s) diverged before and are not run again (diverged.json in each)")
-    todo = sorted((r for r in runs if not r.done and not r.diverged), key=lambda r: (experiments[r.experiment], r.seed))
-    done = len(runs) - len(todo) - len(failed)
+    todo = sorted((r for r, before in pending if not before), key=lambda r: (experiments[r.experiment], r.seed))
+    done = len(runs) - len(pending)
     for run in [r for r in todo if r.same_as is None]:
         if other := _other_config(run):  # e.g. run before a new tuning choice
             todo.remove(run)
