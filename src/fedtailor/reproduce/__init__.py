@@ -82,9 +82,8 @@ def reproduce(
     scores nothing; its point is chosen from the others; one that diverged is an outcome, not a failure).
     ``records``: a folder of run records (:mod:`.records`): those of the named experiments are restored as finished
     runs (or runs that diverged) first, and each experiment's file is rewritten whenever one of its runs finishes
-    or diverges. ``report_only``: run nothing (no tuning stage either); the
-    tables and the report cover the runs already finished, restored records included, and say how many seeds each
-    point has."""
+    or diverges. ``report_only``: run nothing (no tuning stage either); the tables and the report cover the runs
+    already finished, restored records included, and say how many seeds each point has."""
     if report_only and tune:
         raise ValueError("report_only runs nothing, so it cannot tune; leave out one of the two.")
     failed: list[Run] = []
