@@ -617,6 +617,7 @@ def test_a_run_that_diverges_is_an_outcome_recorded_once_and_never_run_again(tmp
         outcome, lines = reproduce("edge-run", "third")
         assert [r.diverged for r in outcome.failed] == [True]
     assert "reproduce: 1 run(s) diverged before and are not run again (diverged.json in each)" in lines
+    assert lines[1] == "reproduce: nothing to tune: edge-run has no tuning stage; its runs use their configs"
 
 
 def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):

@@ -98,10 +98,12 @@ def reproduce(
 
     if tune:
         tuning = plan_tuning(names, out=out, quick=quick)
-        # a tuning run that diverges is an outcome, not a failure: its values score nothing (a grid's largest step)
-        failed += [r for r in execute(tuning, jobs=jobs, progress=progress, on_finish=on_finish) if not r.diverged]
-        for path in choose(tuning, out=out, quick=quick):
-            progress(f"reproduce: tuning choices in {path}")
+        if not tuning:
+            progress(f"reproduce: nothing to tune: {', '.join(names)} has no tuning stage; its runs use their configs")
+        else:  # a tuning run that diverges is an outcome, not a failure: its values score nothing (a grid's top step)
+            failed += [r for r in execute(tuning, jobs=jobs, progress=progress, on_finish=on_finish) if not r.diverged]
+            for path in choose(tuning, out=out, quick=quick):
+                progress(f"reproduce: tuning choices in {path}")
     runs = plan(names, out=out, seeds=seeds, quick=quick)
     if report_only:
         progress(f"reproduce: report only: {sum(r.done for r in runs)} of {len(runs)} run(s) finished, none run")
