@@ -602,7 +602,7 @@ def test_a_run_that_diverges_is_an_outcome_recorded_once_and_never_run_again(tmp
     assert saved["edge/tuning/b/clients_per_round=3_lr=1e12/seed41"]["diverged"] == read_diverged(edge)
     assert saved["edge/tuning/b/clients_per_round=3_lr=1e12/seed41"]["results"] == {}
     outcome, lines = reproduce("edge", "second")  # a fresh machine: everything restored, nothing run
-    assert outcome.failed == [] and lines[0] == "reproduce: 3 finished run(s) of edge restored from " + str(
+    assert outcome.failed == [] and lines[0] == "reproduce: 3 of 3 finished run(s) of edge restored from " + str(
         records_path(records, "edge")
     )
     assert lines[1:3] == [
@@ -839,7 +839,7 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     with pytest.raises(ValueError, match="cannot tune"):
         rp.reproduce(["carried"], out=early, quick=True, tune=True, report_only=True)
     second, lines = machine("second", [1, 2])
-    assert lines[0] == f"reproduce: 2 finished run(s) of carried restored from {path}"
+    assert lines[0] == f"reproduce: 2 of 2 finished run(s) of carried restored from {path}"
     assert lines[1] == "reproduce: 2 done, 0 running, 2 waiting"  # seed 1 is not run again
     assert json.loads((second / "carried/lr/lr=0.2/seed1/results.json").read_text()) == json.loads(
         (first / "carried/lr/lr=0.2/seed1/results.json").read_text()
@@ -852,6 +852,11 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     assert lines[1] == "reproduce: 4 done, 0 running, 0 waiting"
     for table in ("table.csv", "paired.csv"):
         assert (third / "carried" / table).read_text() == (second / "carried" / table).read_text()
+    _, lines = machine("third", [1, 2])  # a restart: the folder already holds every record's run
+    assert lines[:2] == [
+        f"reproduce: 0 of 4 finished run(s) of carried restored from {path} (4 already in {third})",
+        "reproduce: 4 done, 0 running, 0 waiting",
+    ]
     saved = path.read_bytes()
     assert len(read_records(path)) == 4
     assert save(path, third, "carried") == 4 and path.read_bytes() == saved  # the same runs, the same bytes
@@ -861,7 +866,7 @@ def test_run_records_carry_a_reproduction_to_machines_that_do_not_keep_their_run
     begun = tmp_path / "fourth" / "carried/lr/lr=0.05/seed1"
     begun.mkdir(parents=True)
     (begun / "checkpoint.pt").write_bytes(b"begun")
-    assert restore(path, tmp_path / "fourth") == 3 and sorted(p.name for p in begun.iterdir()) == ["checkpoint.pt"]
+    assert restore(path, tmp_path / "fourth") == (3, 4) and sorted(p.name for p in begun.iterdir()) == ["checkpoint.pt"]
     # hostile or damaged files: one line naming the file and line, nothing written
     lines_in = gzip.decompress(saved).decode().splitlines()
     for bad, why in (
@@ -892,7 +897,7 @@ def test_every_committed_record_is_a_finished_run_its_experiment_plans_now(tmp_p
 
     name = path.parent.name
     records = read_records(path)
-    assert restore(path, tmp_path) == len(records) > 0
+    assert restore(path, tmp_path) == (len(records), len(records)) and records
     planned = {
         r.out: r
         for r in [

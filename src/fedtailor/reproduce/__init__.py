@@ -91,7 +91,9 @@ def reproduce(
     if records is not None:
         for name in sorted({spec.partition("/")[0] for spec in specs(names, EXPERIMENTS)}):
             if (path := records_path(records, name)).exists():
-                progress(f"reproduce: {restore(path, out)} finished run(s) of {name} restored from {path}")
+                written, held = restore(path, out)
+                kept = f" ({held - written} already in {out})" if written < held else ""
+                progress(f"reproduce: {written} of {held} finished run(s) of {name} restored from {path}{kept}")
 
         def on_finish(run: Run) -> None:
             save(records_path(records, run.experiment), out, run.experiment)

@@ -88,11 +88,10 @@ def read_records(path: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
-def restore(path: Path, out: Path) -> int:
+def restore(path: Path, out: Path) -> tuple[int, int]:
     """Write each record of ``path`` whose run directory under ``out`` holds nothing yet as a finished run
     directory (config, results, metrics; a run that diverged: its mark instead of results); returns how many were
-    written. Every record is checked before any is
-    written."""
+    written and how many records ``path`` holds. Every record is checked before any is written."""
     records = read_records(path)
     written = 0
     for run, record in records.items():
@@ -107,7 +106,7 @@ def restore(path: Path, out: Path) -> int:
         else:  # last: a folder is finished once it has results (and clients.csv)
             write_results(folder, record["results"])
         written += 1
-    return written
+    return written, len(records)
 
 
 def save(path: Path, out: Path, name: str) -> int:
