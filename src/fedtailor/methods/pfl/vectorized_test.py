@@ -12,20 +12,8 @@ from fedtailor.fl.training import batched_sgd, functional_sgd
 from fedtailor.methods.pfl.fedlag_test import _run
 
 
-@pytest.mark.parametrize("method", fedlag_bases())  # every registered base
-def test_vectorized_and_per_client_paths_give_the_same_models(method):
-    # lr 0.1 (the other tests' step) on an AVX-512 CPU puts one FedRoD pre-activation so close to the ReLU kink
-    # that the two paths' float rounding lands it on opposite sides (1.2e-4 after one round; 6e-8 at 0.0999 and
-    # 0.1001, as for every other base): a step off such a coincidence tests the paths, not the rounding
-    extra = [
-        "method.lr=0.1001",
-        "method.local_epochs=2",
-        "method.momentum=0.5",
-        "method.fedlag.top_k=1",
-        "method.fedlag.warmup=2",
-    ]
-    _, _, fast = _run(method, *extra)
-    _, _, slow = _run(method, *extra, "method.vectorize=false")
+def _same_models(fast, slow) -> None:
+    """The two runs' server and client models, evaluations and loss curves agree (float rounding apart)."""
     assert fast.state.server.chosen == slow.state.server.chosen
     for n, t in slow.state.server.base.params.items():
         torch.testing.assert_close(fast.state.server.base.params[n], t, rtol=1e-4, atol=1e-5)
@@ -38,6 +26,31 @@ def test_vectorized_and_per_client_paths_give_the_same_models(method):
         assert fast.evaluation[cid]["accuracy"] == pytest.approx(m["accuracy"], abs=0.02)
     losses = [r["loss"] for r in slow.history]
     assert [r["loss"] for r in fast.history] == pytest.approx(losses, rel=1e-4)
+
+
+@pytest.mark.parametrize("method", fedlag_bases())  # every registered base
+def test_vectorized_and_per_client_paths_give_the_same_models(method):
+    # The paths round differently (about 1e-7 here). Now and then, at one step on one CPU, a ReLU pre-activation
+    # lands so close to the kink that the rounding puts it on opposite sides and the runs part (5e-3): FedRoD at lr
+    # 0.1 on an AVX-512 CPU, FedPer at 0.1001 on an AMD EPYC without it, each 1e-7 at the other step. So the paths
+    # must agree at one of two nearby steps: a wrong vectorized path parts at both.
+    failures = []
+    for lr in ("0.1001", "0.0999"):
+        extra = [
+            f"method.lr={lr}",
+            "method.local_epochs=2",
+            "method.momentum=0.5",
+            "method.fedlag.top_k=1",
+            "method.fedlag.warmup=2",
+        ]
+        _, _, fast = _run(method, *extra)
+        _, _, slow = _run(method, *extra, "method.vectorize=false")
+        try:
+            _same_models(fast, slow)
+            return
+        except AssertionError as err:
+            failures.append(f"lr {lr}: {err}")
+    pytest.fail("the vectorized and per-client paths part at both steps:\n" + "\n".join(failures))
 
 
 def test_batched_sgd_equals_one_functional_sgd_per_client_with_ragged_sizes():
