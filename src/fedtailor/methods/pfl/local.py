@@ -449,13 +449,14 @@ class LocalTraining(Method[SharedState, PersonalState]):
         aux: Params | None = None,
         tag: tuple[Any, ...] = (),
         project: Callable[[Params], Params] | None = None,
+        lr: float | None = None,
     ) -> tuple[Params, Any]:
         """SGD of one client, or of a :class:`ClientBatch` at once (``theta`` and the objective's tensors then
         stacked along a leading client axis), on ``objective`` (default: cross-entropy; see
         :class:`~fedtailor.fl.batched.Objective` for the proximal term, logit offset, personal head and mixture)
         or on a custom ``loss(p, aux, x, y)`` written for one client (run by vmap for a batch). A batch runs on
         the hand-written backward (:func:`~fedtailor.fl.batched.explicit_sgd`) when the model and objective are
-        covered, else on vmap (:func:`~fedtailor.fl.training.batched_sgd`)."""
+        covered, else on vmap (:func:`~fedtailor.fl.training.batched_sgd`). ``lr`` defaults to the method's."""
         trainable = frozenset(self.names if trainable is None else trainable)
         epochs = self.local_epochs if epochs is None else epochs
         custom, objective = loss is not None, objective or Objective()
@@ -466,8 +467,8 @@ class LocalTraining(Method[SharedState, PersonalState]):
             if objective.mixture and objective.alpha in trainable:
                 alpha = objective.alpha
                 project = lambda p: {alpha: p[alpha].clamp(0.0, 1.0)}
-        common = {"trainable": trainable, "batch_size": self.batch_size, "epochs": epochs, "lr": self.lr}
-        common["momentum"] = self.momentum
+        common = {"trainable": trainable, "batch_size": self.batch_size, "epochs": epochs}
+        common["lr"], common["momentum"] = self.lr if lr is None else lr, self.momentum
         if self.private_sgd is not None and self.private_sgd.fitting is not None:
             if isinstance(data, ClientBatch):
                 raise RuntimeError("record-level DP runs a round's clients one by one (vectorize is off).")

@@ -132,6 +132,22 @@ def test_fedbabu_keeps_the_head_at_its_initialisation_and_fine_tunes_only_for_th
     assert not torch.equal(tuned["fc.weight"], method.theta0["fc.weight"]) and same is state.params
 
 
+def test_fedbabu_fine_tunes_at_its_own_step_when_given_one():
+    """``finetune_lr`` fine-tunes exactly as a method trained at that step would (same batches), and the default
+    is the training step."""
+    data = _data()
+    _, state = _fit(FedBABU(finetune_epochs=2, **_kw()), data=data)
+    own = FedBABU(finetune_epochs=2, finetune_lr=LR / 10, **_kw())
+    tuned, _ = own.predict(state.params, state.extra, data=data, final=True)
+    slower, _ = FedBABU(finetune_epochs=2, **{**_kw(), "lr": LR / 10}).predict(
+        state.params, state.extra, data=data, final=True
+    )
+    default, _ = FedBABU(finetune_epochs=2, **_kw()).predict(state.params, state.extra, data=data, final=True)
+    for n in tuned:
+        torch.testing.assert_close(tuned[n], slower[n], rtol=0, atol=0)
+    assert not torch.equal(tuned["fc.weight"], default["fc.weight"])
+
+
 def test_ditto_steps_the_personal_model_toward_the_received_global_one():
     method = Ditto(lam=0.8, personal_epochs=1, **_kw())
     data = _data()
