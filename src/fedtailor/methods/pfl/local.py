@@ -467,8 +467,9 @@ class LocalTraining(Method[SharedState, PersonalState]):
             if objective.mixture and objective.alpha in trainable:
                 alpha = objective.alpha
                 project = lambda p: {alpha: p[alpha].clamp(0.0, 1.0)}
-        common = {"trainable": trainable, "batch_size": self.batch_size, "epochs": epochs}
-        common["lr"], common["momentum"] = self.lr if lr is None else lr, self.momentum
+        lr = self.lr if lr is None else lr
+        common = {"trainable": trainable, "batch_size": self.batch_size, "epochs": epochs, "lr": lr}
+        common["momentum"] = self.momentum
         if self.private_sgd is not None and self.private_sgd.fitting is not None:
             if isinstance(data, ClientBatch):
                 raise RuntimeError("record-level DP runs a round's clients one by one (vectorize is off).")
