@@ -496,14 +496,22 @@ def planned(experiment: str) -> int:
     return PLANNED_SEEDS.get(experiment, 3)
 
 
+def _diverged(row: dict[str, str] | None) -> int:
+    """How many of a point's runs diverged (``table.csv``'s ``diverged`` column; 0 where it has none)."""
+    return int((row or {}).get("diverged") or 0)
+
+
 def _seen(row: dict[str, str] | None, of: int) -> str:
     """A FedLAG point's Seen accuracy over seeds: mean +- std, the mean alone from one seed, "N of M" while its
-    runs land (``of``: M, the seeds planned), "-" before any has."""
+    runs land or where some diverged (``of``: M, the seeds planned; "K diverged" said), "-" before any has."""
     if row is None:
         return f"- (0 of {of})"
-    seeds, (mean, std) = int(row["seeds"]), mean_std(row, SEEN)
+    seeds, lost = int(row["seeds"]), _diverged(row)
+    if not seeds:
+        return f"- (0 of {of}; {lost} diverged)"
+    mean, std = mean_std(row, SEEN)
     shown = pm(mean, std) if seeds > 1 else f"{mean:.2f}"
-    return shown + (f" ({seeds} of {of})" if seeds < of else "")
+    return shown + (f" ({seeds} of {of}{f'; {lost} diverged' if lost else ''})" if seeds < of else "")
 
 
 FEDLAG_VARIANTS = {
@@ -580,7 +588,11 @@ def fedlag_tuned(experiment: str, tag: str) -> Callable[[Path], str]:
             interval = f"{diff['mean']} {diff['seeds ci95']}".strip() if diff else "-"
             verdict = f"{diff['paper']}: {diff['verdict']}" if diff and diff["paper"] else "-"
             if diff and int(diff["seeds"]) < planned(experiment):
-                verdict += f" so far ({diff['seeds']} of {planned(experiment)} seeds)"
+                pair = [rows.get(f"{block}/name={base}_top_k={k}") for k in ("0", "2")]
+                lost = sum(map(_diverged, pair))
+                landed = sum(int((r or {}).get("seeds") or 0) for r in pair) + lost == 2 * planned(experiment)
+                seeds = f"{diff['seeds']} of {planned(experiment)} seeds"
+                verdict += f" over {seeds}, a run in the others diverged" if landed and lost else f" so far ({seeds})"
             body.append([*cells, interval, verdict, personal])
         header = ["base", "its step", "Seen alone", "its step with FedLAG", "Seen with FedLAG"]
         return table([*header, "with minus alone (95% CI)", "paper: verdict", "personal layers (seeds)"], body)

@@ -188,6 +188,11 @@ def test_a_tuned_fedlag_table_shows_each_base_at_its_own_step(tmp_path: Path) ->
     (folder / "paired.csv").write_text(paired.replace("seen/accuracy,3,", "seen/accuracy,2,"))
     text = docs_tables.fedlag_tuned("fedlag-x", "alpha01")(tmp_path)
     assert "| FedLAG above its base: reproduced so far (2 of 3 seeds) |" in text  # a verdict before every seed
+    lost = rows.replace("name=fedavg_top_k=0,3,,", "name=fedavg_top_k=0,2,1,,").replace(",fc.weight", ",,fc.weight")
+    (folder / "table.csv").write_text(header.replace("seeds,", "seeds,diverged,") + lost.replace(",1,,91", ",1,,,91"))
+    text = docs_tables.fedlag_tuned("fedlag-x", "alpha01")(tmp_path)  # every seed landed; one run diverged
+    assert "| 0.05 | 90.00 +- 1.00 (2 of 3; 1 diverged) | 0.015 | 93.50 +- 0.50 |" in text
+    assert "| FedLAG above its base: reproduced over 2 of 3 seeds, a run in the others diverged |" in text
     del choices["main-alpha01/name=fedprox_top_k=2"]
     (folder / "choices.json").write_text(json.dumps({"choices": choices, "at_edge": []}))
     with pytest.raises(docs_tables.SourceError, match="fedlag-x/choices.json: no choice for .*fedprox_top_k=2"):

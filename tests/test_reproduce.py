@@ -618,6 +618,9 @@ def test_a_run_that_diverges_is_an_outcome_recorded_once_and_never_run_again(tmp
         assert [r.diverged for r in outcome.failed] == [True]
     assert "reproduce: 1 run(s) diverged before and are not run again (diverged.json in each)" in lines
     assert lines[1] == "reproduce: nothing to tune: edge-run has no tuning stage; its runs use their configs"
+    table = (tmp_path / "third/edge-run/table.md").read_text().splitlines()  # the table says so, not "0 of 1 so far"
+    header = ["| block | point | seeds | diverged |", "|---|---|---|---|"]
+    assert table[4:7] == [*header, "| b | clients_per_round=3 | 0 | 1 |"]
 
 
 def test_a_tuning_stage_on_one_block_serves_every_block(tmp_path, tiny):

@@ -37,15 +37,23 @@ def tables(runs: list[Run], *, out: Path, registry: Mapping[str, Experiment] = E
     for name in dict.fromkeys(r.experiment for r in runs):
         exp = registry[name]
         groups: dict[tuple[str, str], list[Path]] = {}
+        diverged: Counter[tuple[str, str]] = Counter()  # runs that diverged, per point: an outcome the table shows
         values: dict[tuple[str, str], dict[str, str]] = {}  # each point's grid values by short key (for trend.png)
         for r in runs:
-            if r.experiment == name and r.done:
-                groups.setdefault((r.block, slug(r.point)), []).append(r.out)
-                values[(r.block, slug(r.point))] = _short_values(r.point)
+            if r.experiment == name and (r.done or r.diverged):
+                key = (r.block, slug(r.point))
+                groups.setdefault(key, [])
+                if r.done:
+                    groups[key].append(r.out)
+                else:
+                    diverged[key] += 1
+                values[key] = _short_values(r.point)
         rows = []
         for (block, point), dirs in groups.items():
-            stats = {**aggregate_seeds(dirs), **_late_stats(dirs, exp.metrics)}
+            stats = {**aggregate_seeds(dirs), **_late_stats(dirs, exp.metrics)} if dirs else {}
             row = {"block": block, "point": point, "seeds": len(dirs)}
+            if diverged[(block, point)]:
+                row["diverged"] = diverged[(block, point)]
             row.update(seed_cells(stats, exp.metrics))
             row.update(_listed_cells(dirs, exp.metrics))
             for m in exp.metrics:  # the numbers the plots draw, accuracies in percent
@@ -337,7 +345,8 @@ def table_columns(exp: Experiment, rows: list[dict[str, Any]]) -> list[str]:
     """The columns of an experiment's table: the point, then each metric with its variants
     (:func:`fedtailor.report.metric_variants`) that some row has."""
     variants = [k for m in exp.metrics for k in metric_variants(m)]
-    return ["block", "point", "seeds", *[k for k in variants if any(k in r for r in rows)]]
+    shown = ["diverged"] if any("diverged" in r for r in rows) else []  # seeds whose run diverged (no results)
+    return ["block", "point", "seeds", *shown, *[k for k in variants if any(k in r for r in rows)]]
 
 
 def _pyplot() -> Any:
