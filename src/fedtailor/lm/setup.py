@@ -38,6 +38,7 @@ from fedtailor.lm.preference import (
     shared_data_roots,
     tokenize_pairs,
 )
+from fedtailor.lm.training import precision_warning
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,8 @@ def build_preference_setup(cfg: RunConfig) -> PreferenceSetup:
     )
     if d.validation:
         split = hold_out_validation(split, d.validation, seed=cfg.seed)
+    if warning := precision_warning(getattr(m, "precision", "fp32"), device):
+        log.warning(warning)
     lm = load_causal_lm(m.model, device=str(device))
     clients = preference_clients(
         lm.tokenizer, data.pairs, split, max_length=d.max_length, validation_mode=d.validation_mode

@@ -26,6 +26,29 @@ def pairs_digest(tokens: Tokens) -> str:
     return h.hexdigest()[:16]
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively: a CUDA device that supports it, or a CPU with AVX512-BF16 or
+    AMX tiles; elsewhere autocast emulates bfloat16 arithmetic, far slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return True  # another accelerator: its autocast is its own business
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def precision_warning(precision: str, device: torch.device) -> str | None:
+    """One line naming the problem and the fix where ``precision`` is ``"bf16"`` on a ``device`` without native
+    bfloat16 (:func:`bf16_native`); None where the precision suits the device."""
+    if precision != "bf16" or bf16_native(device):
+        return None
+    where = "a CPU without AVX512-BF16 or AMX" if device.type == "cpu" else f"{device} without bfloat16 support"
+    return (
+        f'method.precision = "bf16" on {where}: autocast emulates bfloat16 there, about 29x slower than fp32 per DPO '
+        "step on such a CPU (benchmarks/bench_dpo_step.py); set --set method.precision=fp32 unless the run must "
+        "match bf16 results."
+    )
+
+
 def precision_context(model: Any, precision: str) -> contextlib.AbstractContextManager:
     """``"bf16"``: autocast to bfloat16 on the model's device (CPU or CUDA); ``"fp32"``: nothing."""
     if precision == "fp32":
