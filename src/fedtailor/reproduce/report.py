@@ -1,6 +1,7 @@
 """The report of ``fedtailor reproduce``, from the finished runs of a plan: per experiment ``table.md`` and
 ``table.csv`` (mean +- std over seeds of the per-client means, per point, with each run's 10th percentile over
-clients and its best and validation-chosen round's mean where the runs have them), ``accuracy.png`` (a bar per
+clients and its best and validation-chosen round's mean where the runs have them, and how many seeds diverged
+where some did), ``accuracy.png`` (a bar per
 point with the seed spread) and ``trend.png`` where the experiment has a numeric axis (each metric against eps,
 alpha or k, as the papers' figures); and ``OUT/report.html`` linking every experiment with its tables and images
 inline (one file, no external resources). An experiment with a ``reference`` point also gets ``paired.md`` and
