@@ -72,8 +72,16 @@ RANK_CLAIMS = (
 )
 # the ablations' fixed settings: 40 rounds on the paper's random partition, every client evaluated once, at round
 # 40 (their tables read round 40 and the training metrics of rounds 21-40, logged every round; an evaluation every
-# 10 rounds, as pfeddpo-hh's, would add about 30% at S = 5 and 80% at S = 1 to each run here)
-ABLATION = ("federation.rounds=40", "federation.eval_every=0", 'data.preference_split="random"')
+# 10 rounds, as pfeddpo-hh's, would add about 30% at S = 5 and 80% at S = 1 to each run here); in fp32 since
+# 2026-12-08: on the CPU they run on (AVX2, no native bfloat16) a bf16 step takes 29x as long as an fp32 one
+# (benchmarks/RESULTS.md, 2026-12-07), and fp32 is the arithmetic bf16 autocast approximates; the steps are
+# pfeddpo-hh's, chosen in bf16
+ABLATION = (
+    "federation.rounds=40",
+    "federation.eval_every=0",
+    'data.preference_split="random"',
+    'method.precision="fp32"',
+)
 SPLITS = ("data.preference_split", ("random", "length"))  # the paper's random partition; clients that differ
 SEEDS = (41, 42, 43)
 # five seeds where the seed spread decides a verdict: over seeds 41-43 FedDPO's gradient norm on the random split was
