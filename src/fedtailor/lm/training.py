@@ -1,11 +1,19 @@
 """DPO on a batch of tokenized pairs (:func:`fedtailor.lm.preference.tokenize_pairs`): sequence log-probabilities
-of both sides in one forward pass, cached reference log-probabilities, and reward accuracy."""
+of both sides in one forward pass, cached reference log-probabilities, and reward accuracy.
+
+The reference log-probabilities of a set of pairs are computed once per run; with ``FEDTAILOR_REFERENCE_CACHE`` set
+to a folder they are also kept there, keyed by the reference model's weights, the pairs' tokens, the precision, the
+batch size, the device type and the torch version, so that runs on the same pairs and pretrained model (the
+methods, steps, ranks and participations of an ablation) compute them once between them."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,15 +86,70 @@ def _chunks(n: int, size: int) -> Iterator[torch.Tensor]:
         yield torch.arange(start, min(n, start + size))
 
 
+REFERENCE_CACHE = "FEDTAILOR_REFERENCE_CACHE"
+
+
+def model_digest(model: Any, *, skip: str = "lora_") -> str:
+    """A digest of ``model`` as a reference model: its config (where it has one) and every parameter whose name
+    lacks ``skip`` (the adapters, off in the reference), each with its shape and dtype, in the model's order; names
+    are left out, so that the base of an adapted model and the same model without adapters agree."""
+    h = hashlib.sha256()
+    config = getattr(model, "config", None)
+    h.update((config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else "").encode())
+    for name, t in model.named_parameters():
+        if skip not in name:
+            t = t.detach().cpu().contiguous()
+            h.update(f"{tuple(t.shape)}:{t.dtype};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def reference_cache_folder() -> Path | None:
+    """The folder ``$FEDTAILOR_REFERENCE_CACHE`` where reference log-probabilities are kept; None where it is unset."""
+    folder = os.environ.get(REFERENCE_CACHE, "").strip()
+    return Path(folder).expanduser() if folder else None
+
+
+def reference_cache_file(
+    folder: Path, model: str, tokens: Tokens, *, batch_size: int = 16, precision: str = "fp32", device: torch.device
+) -> Path:
+    """The file in ``folder`` for the reference log-probabilities of ``tokens`` under the model of digest ``model``
+    (:func:`model_digest`), at this precision, batch size, device type and torch version."""
+    key = f"{model}|{pairs_digest(tokens)}|{batch_size}|{precision}|{device.type}|{torch.__version__}"
+    return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pt"
+
+
+def _read_cached(file: Path, n: int) -> torch.Tensor | None:
+    """The (n, 2) finite float32 tensor in ``file``; None where it is missing, unreadable or anything else."""
+    try:
+        t = torch.load(file, weights_only=True)
+    except Exception:  # missing, truncated or not a tensor file: computed again and rewritten
+        return None
+    ok = isinstance(t, torch.Tensor) and t.shape == (n, 2) and t.dtype == torch.float32
+    return t if ok and bool(torch.isfinite(t).all()) else None
+
+
 @torch.no_grad()
-def reference_logprobs(model: Any, tokens: Tokens, *, batch_size: int = 16, precision: str = "fp32") -> torch.Tensor:
-    """(n, 2) log-probabilities of every pair under ``model`` (the frozen reference), computed once."""
+def reference_logprobs(
+    model: Any, tokens: Tokens, *, batch_size: int = 16, precision: str = "fp32", cache: Path | None = None
+) -> torch.Tensor:
+    """(n, 2) log-probabilities of every pair under ``model`` (the frozen reference), computed once; with ``cache``
+    (:func:`reference_cache_file`) read from that file where it holds them, else computed and written to it."""
     n = len(tokens["chosen_ids"])
-    out = [
-        torch.stack(pair_logprobs(model, tokens, idx, precision=precision), 1).float().cpu()
-        for idx in _chunks(n, batch_size)
-    ]
-    return torch.cat(out)
+    if cache is not None and (kept := _read_cached(cache, n)) is not None:
+        return kept
+    out = torch.cat(
+        [
+            torch.stack(pair_logprobs(model, tokens, idx, precision=precision), 1).float().cpu()
+            for idx in _chunks(n, batch_size)
+        ]
+    )
+    if cache is not None:  # written whole under a private name, then renamed: a reader never sees half a file
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        part = cache.with_name(f".{cache.name}.{uuid.uuid4().hex}")
+        torch.save(out, part)
+        os.replace(part, cache)
+    return out
 
 
 def dpo_on(

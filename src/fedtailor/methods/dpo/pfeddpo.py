@@ -53,7 +53,16 @@ from fedtailor.fl.method import Method
 from fedtailor.fl.records import ClientData, InvalidMessage, Message, Metrics, TrainingDiverged, check_weight
 from fedtailor.fl.registry import register_method
 from fedtailor.lm.dpsgd import private_dpo_steps
-from fedtailor.lm.training import dpo_on, evaluate_pairs, pairs_digest, reference_logprobs
+from fedtailor.lm.training import (
+    Tokens,
+    dpo_on,
+    evaluate_pairs,
+    model_digest,
+    pairs_digest,
+    reference_cache_file,
+    reference_cache_folder,
+    reference_logprobs,
+)
 from fedtailor.methods.pfl.local import RecordDPConfig
 from fedtailor.methods.pfl.private import calibrate_steps, participations
 from fedtailor.privacy.dpsgd import sampling_rate
@@ -250,13 +259,19 @@ class PFedDPO(Method[DPOServer, DPOClient]):
     def client_setup(self, msg: Message, state: DPOClient | None, data: ClientData) -> tuple[Message, DPOClient]:
         self._load(msg.arrays, None)  # the initial model: theta_0, adapter at its init (B = 0: no change)
         self.model.eval()
+        # kept on this client's disk where $FEDTAILOR_REFERENCE_CACHE names a folder, keyed by theta_0's digest
+        folder = reference_cache_folder()
+        model = model_digest(self.model) if folder else ""
+
+        def reference(tokens: Tokens) -> torch.Tensor:
+            kw = {"precision": self.precision}
+            where = folder and reference_cache_file(folder, model, tokens, device=self.device, **kw)
+            return reference_logprobs(self.model, tokens, cache=where, **kw)
+
         with self._adapters_off():
-            ref_train = reference_logprobs(self.model, data.train, precision=self.precision)
-            ref_eval = {  # the held-out pairs' and the validation pairs' (data.validation_mode = "alongside")
-                pairs_digest(t): reference_logprobs(self.model, t, precision=self.precision)
-                for t in (data.eval, data.val)
-                if t is not None
-            }
+            ref_train = reference(data.train)
+            # the held-out pairs' and the validation pairs' (data.validation_mode = "alongside")
+            ref_eval = {pairs_digest(t): reference(t) for t in (data.eval, data.val) if t is not None}
         return Message(config={"pairs": len(ref_train)}), DPOClient(ref_train=ref_train, ref_eval=ref_eval)
 
     def validate_reply(self, server: DPOServer, phase: str, rnd: int, cid: int, reply: Message) -> None:

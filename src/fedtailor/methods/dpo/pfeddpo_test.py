@@ -389,3 +389,45 @@ def test_squared_norm_is_accurate_where_one_float32_sum_is_off(n):
     assert _sq(g) == pytest.approx(exact, rel=1e-6)
     assert _sq(g.reshape(-1, 1).expand(-1, 2).t()) == pytest.approx(2 * exact, rel=1e-6)  # not contiguous
     assert _sq(g.to(torch.bfloat16)) == pytest.approx(float(g.to(torch.bfloat16).double().square().sum()), rel=1e-6)
+
+
+def test_the_reference_cache_gives_the_computed_values_and_is_keyed_by_model_pairs_and_precision(monkeypatch, tmp_path):
+    """With ``FEDTAILOR_REFERENCE_CACHE`` set, a client's setup writes its pairs' reference log-probabilities, and a
+    later setup on the same pretrained weights (FedDPO after pFedDPO at another rank) reads them without a forward
+    pass, equal to the bit to those computed without the cache; other weights, other pairs or another precision
+    miss; a corrupt file is computed again and rewritten."""
+    import fedtailor.lm.training as training
+
+    clients = _clients()
+
+    def setup(method: PFedDPO, cid: int = 0):
+        msg = method.configure_setup(method.init_server(), cid)
+        return method.client_setup(msg, None, clients[cid])[1]
+
+    monkeypatch.delenv(training.REFERENCE_CACHE, raising=False)
+    plain = setup(_method())
+    monkeypatch.setenv(training.REFERENCE_CACHE, str(tmp_path))
+    first = setup(_method())
+    kept = sorted(tmp_path.glob("*.pt"))
+    assert len(kept) == 2  # the training pairs and the held-out pairs
+    real = training.pair_logprobs
+
+    def forbidden(*a, **kw):
+        raise AssertionError("a forward pass despite the cache")
+
+    monkeypatch.setattr(training, "pair_logprobs", forbidden)
+    again = setup(_method(personal=False, lora_rank=4))
+    for s in (first, again):
+        assert torch.equal(s.ref_train, plain.ref_train) and s.ref_eval.keys() == plain.ref_eval.keys()
+        assert all(torch.equal(s.ref_eval[k], plain.ref_eval[k]) for k in plain.ref_eval)
+    for other in (_method(model=tiny_llama(seed=4)), _method(precision="bf16")):  # other weights, other precision
+        with pytest.raises(AssertionError, match="despite the cache"):
+            setup(other)
+    with pytest.raises(AssertionError, match="despite the cache"):
+        setup(_method(), cid=1)  # another client's pairs
+    monkeypatch.setattr(training, "pair_logprobs", real)
+    kept[0].write_bytes(b"not a tensor")
+    kept[1].write_bytes(kept[1].read_bytes()[:20])  # truncated
+    assert torch.equal(setup(_method()).ref_train, plain.ref_train)
+    monkeypatch.setattr(training, "pair_logprobs", forbidden)
+    assert torch.equal(setup(_method()).ref_train, plain.ref_train)  # rewritten whole
