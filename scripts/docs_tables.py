@@ -968,6 +968,28 @@ def pfeddpo_ablations_seeds(root: Path) -> str:
     return table([*header, "base-grad norm, rounds 21-40", "training DPO loss, rounds 21-40", "paper: verdict"], body)
 
 
+def pfeddpo_precision(root: Path) -> str:
+    """``pfeddpo-participation`` at S = 1 in fp32 (``table.csv``) beside the same runs made in bf16 before the
+    ablations moved to fp32 (``pfeddpo-participation-bf16/table.csv``): means +- std over seeds, how many each."""
+    bf16 = {r["point"]: r for r in read_csv(root, f"{RESULTS_DIR}/pfeddpo-participation-bf16/table.csv")}
+    fp32 = {}
+    if (root / RESULTS_DIR / "pfeddpo-participation" / "table.csv").is_file():
+        fp32 = {r["point"]: r for r in read_csv(root, f"{RESULTS_DIR}/pfeddpo-participation/table.csv")}
+    body = []
+    for method in ("pfeddpo", "feddpo"):
+        point = f"name={method}_clients_per_round=1"
+        for precision, rows in (("bf16", bf16), ("fp32", fp32)):
+            r = rows.get(point)
+            if r is None:
+                body.append([DPO_NAMES[method], precision, "0 of 3", *["-"] * 4])
+                continue
+            late = [spread(*mean_std(r, m), int(r["seeds"])) for m in DPO_LATE]
+            accuracies = [fraction(r, "seen/train_accuracy"), fraction(r, SEEN)]
+            body.append([DPO_NAMES[method], precision, seeds_of(r, "pfeddpo-participation"), *accuracies, *late])
+    header = ["method (S = 1)", "precision", "seeds", "training reward acc.", "held-out reward acc."]
+    return table([*header, "base-grad norm, rounds 21-40", "training DPO loss, rounds 21-40"], body)
+
+
 KAPPA_NAMES = {
     "kappa2": "kappa^2",
     "kappa2_eff": "kappa_eff^2",
@@ -1234,6 +1256,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pfeddpo-main-paired": pfeddpo_main_paired,
     "pfeddpo-kappa": pfeddpo_kappa,
     "pfeddpo-ablations": pfeddpo_ablations_seeds,
+    "pfeddpo-precision": pfeddpo_precision,
     "pfeddpo-private": pfeddpo_private,
     "pfeddpo-private-paired": pfeddpo_private_paired,
     "bench-compact-round": bench_compact_round,
