@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import torch
 from fedtailor.lm.dpo import DPOOutput, dpo_loss, response_logprobs
 
 Tokens = dict[str, torch.Tensor]
+log = logging.getLogger(__name__)
 
 
 def pairs_digest(tokens: Tokens) -> str:
@@ -145,10 +147,17 @@ def reference_logprobs(
         ]
     )
     if cache is not None:  # written whole under a private name, then renamed: a reader never sees half a file
-        cache.parent.mkdir(parents=True, exist_ok=True)
         part = cache.with_name(f".{cache.name}.{uuid.uuid4().hex}")
-        torch.save(out, part)
-        os.replace(part, cache)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(out, part)
+            os.replace(part, cache)
+        except OSError as e:  # the run goes on without the cache
+            with contextlib.suppress(OSError):
+                part.unlink(missing_ok=True)
+            log.warning(
+                "%s: cannot keep reference log-probabilities there (%s); check %s.", cache.parent, e, REFERENCE_CACHE
+            )
     return out
 
 

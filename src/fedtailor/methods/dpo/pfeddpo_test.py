@@ -391,11 +391,13 @@ def test_squared_norm_is_accurate_where_one_float32_sum_is_off(n):
     assert _sq(g.to(torch.bfloat16)) == pytest.approx(float(g.to(torch.bfloat16).double().square().sum()), rel=1e-6)
 
 
-def test_the_reference_cache_gives_the_computed_values_and_is_keyed_by_model_pairs_and_precision(monkeypatch, tmp_path):
+def test_the_reference_cache_gives_the_computed_values_and_is_keyed_by_model_pairs_and_precision(
+    monkeypatch, tmp_path, caplog
+):
     """With ``FEDTAILOR_REFERENCE_CACHE`` set, a client's setup writes its pairs' reference log-probabilities, and a
     later setup on the same pretrained weights (FedDPO after pFedDPO at another rank) reads them without a forward
     pass, equal to the bit to those computed without the cache; other weights, other pairs or another precision
-    miss; a corrupt file is computed again and rewritten."""
+    miss; a corrupt file is computed again and rewritten; a folder that cannot be written is one warning."""
     import fedtailor.lm.training as training
 
     clients = _clients()
@@ -431,3 +433,9 @@ def test_the_reference_cache_gives_the_computed_values_and_is_keyed_by_model_pai
     assert torch.equal(setup(_method()).ref_train, plain.ref_train)
     monkeypatch.setattr(training, "pair_logprobs", forbidden)
     assert torch.equal(setup(_method()).ref_train, plain.ref_train)  # rewritten whole
+    monkeypatch.setattr(training, "pair_logprobs", real)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(training.REFERENCE_CACHE, str(tmp_path / "a-file"))
+    with caplog.at_level("WARNING", logger="fedtailor.lm.training"):
+        assert torch.equal(setup(_method()).ref_train, plain.ref_train)
+    assert "cannot keep reference log-probabilities there" in caplog.text
