@@ -25,14 +25,19 @@ Tokens = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
 
 
+def _feed(h: Any, label: str, t: torch.Tensor) -> None:
+    """Add one tensor to a digest: ``label``, its shape and dtype, then its bytes."""
+    t = t.detach().cpu().contiguous()
+    h.update(f"{label}{tuple(t.shape)}:{t.dtype};".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy())
+
+
 def pairs_digest(tokens: Tokens) -> str:
     """A digest of tokenized pairs (every array, in name order): which set of pairs cached reference
     log-probabilities belong to."""
     h = hashlib.sha256()
     for name in sorted(tokens):
-        t = tokens[name].detach().cpu().contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
-        h.update(t.numpy().tobytes())
+        _feed(h, f"{name}:", tokens[name])
     return h.hexdigest()[:16]
 
 
@@ -100,9 +105,7 @@ def model_digest(model: Any, *, skip: str = "lora_") -> str:
     h.update((config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else "").encode())
     for name, t in model.named_parameters():
         if skip not in name:
-            t = t.detach().cpu().contiguous()
-            h.update(f"{tuple(t.shape)}:{t.dtype};".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+            _feed(h, "", t)
     return h.hexdigest()
 
 

@@ -264,9 +264,8 @@ class PFedDPO(Method[DPOServer, DPOClient]):
         model = model_digest(self.model) if folder else ""
 
         def reference(tokens: Tokens) -> torch.Tensor:
-            kw = {"precision": self.precision}
-            where = folder and reference_cache_file(folder, model, tokens, device=self.device, **kw)
-            return reference_logprobs(self.model, tokens, cache=where, **kw)
+            where = folder and reference_cache_file(folder, model, tokens, precision=self.precision, device=self.device)
+            return reference_logprobs(self.model, tokens, precision=self.precision, cache=where)
 
         with self._adapters_off():
             ref_train = reference(data.train)
